@@ -1,0 +1,64 @@
+"""The ``lkv`` entry point.
+
+``lkv fit|validate|test`` are LightningCLI subcommands; every other verb is a typed function run through
+jsonargparse, so each accepts ``--config FILE.yaml``, ``--print_config`` and ``--help`` alike. Verbs are
+imported lazily: ``lkv --help`` and config parsing never load torch models.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+LIGHTNING_VERBS = ("fit", "validate", "test")
+
+# verb -> ("module:function", one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "assets": ("lkv.assets:fetch_all", "fetch and convert the embedded default model and essays"),
+    "label": ("lkv.labeling_cli:label", "generate responses and ground-truth importance label shards"),
+    "export": ("lkv.export:export", "write a trained lookahead module as a standalone adapter folder"),
+    "generate": ("lkv.inference:generate_command", "compress a prompt's KV cache and generate"),
+    "eval": ("lkv.evaluate:evaluate", "methods × budgets × tasks evaluation with reports"),
+    "sweep": ("lkv.sweep:sweep", "grid of fit (+eval) runs over config keys"),
+    "bench": ("lkv.bench:bench", "side-by-side speed and memory benchmarks"),
+    "demo": ("lkv.demo:demo", "the embedded default end to end: label → fit → eval → report"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: lkv VERB [--config FILE] [options]", "", "verbs:"]
+    lines += [f"  {verb:<9} LightningCLI {verb} (--config configs/X.yaml)" for verb in LIGHTNING_VERBS]
+    lines += [f"  {verb:<9} {help_}" for verb, (_, help_) in VERBS.items()]
+    lines += ["", "`lkv VERB --help` lists a verb's options."]
+    return "\n".join(lines)
+
+
+def _resolve(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch ``lkv VERB ...``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return
+    verb, rest = args[0], args[1:]
+    if verb in LIGHTNING_VERBS:
+        from lkv.training_cli import lightning_main
+
+        lightning_main([verb, *rest])
+        return
+    if verb not in VERBS:
+        print(f"lkv: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    from jsonargparse import auto_cli
+
+    result = auto_cli(_resolve(VERBS[verb][0]), args=rest, as_positional=False)
+    if result is not None:
+        print(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Prompt sources, label shards and the DataModule."""

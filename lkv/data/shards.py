@@ -1,0 +1,255 @@
+"""Label shards: parquet files of prompts, responses and ground-truth importance, plus one ``meta.json``.
+
+Layout of a label folder::
+
+    meta.json                       what made the labels (model signature, R, limits, dtype, source)
+    labels-r000-00000.parquet       rank 0's first shard, ...
+
+A shard is written to a temporary name and renamed into place, so a reader never sees a partial file and
+an interrupted run loses at most the samples it had not flushed. Scores are stored flattened; a row's
+``(layers, kv_heads, prompt_len)`` shape comes from ``meta.json`` and its ``prompt_len`` column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from datasets import Dataset, Features, IterableDataset, List, Value, load_dataset
+
+SCHEMA_VERSION = 1
+META_FILE = "meta.json"
+SHARD_GLOB = "labels-r*-*.parquet"
+_SHARD_RE = re.compile(r"labels-r(\d{3})-(\d{5})\.parquet$")
+SCORE_DTYPES = ("float16", "float32")
+
+
+@dataclass
+class LabelMeta:
+    """What produced a label folder; a rerun or a reader must agree with it."""
+
+    model: dict[str, Any]
+    response_tokens: int
+    max_prompt_tokens: int
+    truncation: str
+    score_dtype: str
+    store_scores: bool
+    prompt_source: str
+    lkv_version: str
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model["num_layers"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.model["num_kv_heads"])
+
+
+def features(score_dtype: str) -> Features:
+    """Arrow schema of one label row."""
+    if score_dtype not in SCORE_DTYPES:
+        raise ValueError(f"score_dtype must be one of {SCORE_DTYPES}, got {score_dtype!r}")
+    return Features(
+        {
+            "id": Value("string"),
+            "source": Value("string"),
+            "kind": Value("string"),
+            "doc_id": Value("string"),
+            "prompt_len": Value("int32"),
+            "prompt_ids": List(Value("int32")),
+            "response_ids": List(Value("int32")),
+            "scores": List(Value(score_dtype)),
+        }
+    )
+
+
+def read_meta(folder: str | Path) -> LabelMeta:
+    """Load ``meta.json`` of a label folder, with a clear error when it is missing or malformed."""
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no label metadata — is {folder} a folder written by `lkv label`?")
+    try:
+        raw = json.loads(path.read_text())
+        meta = LabelMeta(**raw)
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ValueError(f"{path}: malformed label metadata ({err})") from err
+    if meta.schema_version != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {meta.schema_version}, this lkv reads {SCHEMA_VERSION}")
+    return meta
+
+
+def shard_files(folder: str | Path) -> list[Path]:
+    """Finished shards of a label folder in (rank, index) order; temporary files are never listed."""
+    return sorted(p for p in Path(folder).glob(SHARD_GLOB) if _SHARD_RE.search(p.name))
+
+
+def finished_ids(folder: str | Path) -> set[str]:
+    """Ids of every sample already in a finished shard (reads only the ``id`` column)."""
+    ids: set[str] = set()
+    for path in shard_files(folder):
+        try:
+            ids.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
+        except Exception as err:  # pyarrow raises several types for damaged files
+            raise ValueError(
+                f"{path}: unreadable label shard ({err}); delete it and rerun `lkv label`"
+            ) from err
+    return ids
+
+
+def check_scores(scores: torch.Tensor, where: str) -> None:
+    """Refuse NaN/inf, negative or unnormalised ``(layers, kv_heads, S)`` importance."""
+    if not torch.isfinite(scores).all():
+        raise ValueError(f"{where}: scores contain NaN or inf")
+    if (scores < 0).any():
+        raise ValueError(f"{where}: scores contain negative values (min {scores.min().item():.3g})")
+    sums = scores.float().sum(-1)
+    # fp16 storage of ~1K probabilities sums to 1 within ~1e-3.
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-2):
+        raise ValueError(
+            f"{where}: scores rows must sum to 1 over the prompt, found sums in "
+            f"[{sums.min().item():.4f}, {sums.max().item():.4f}]"
+        )
+
+
+class ShardWriter:
+    """Buffers label rows and writes them as atomic parquet shards.
+
+    Args:
+        folder: label folder; created if needed. If it already holds labels, ``meta`` must match them
+            (same model, limits and settings), otherwise the folder belongs to another run and is refused.
+        meta: description of this run.
+        shard_size: rows per shard (an interrupted run redoes at most this many samples).
+        rank: process rank; each rank writes its own shard sequence.
+    """
+
+    def __init__(self, folder: str | Path, meta: LabelMeta, shard_size: int = 64, rank: int = 0) -> None:
+        if shard_size <= 0:
+            raise ValueError(f"shard_size must be positive, got {shard_size}")
+        self.folder = Path(folder)
+        self.meta = meta
+        self.shard_size = shard_size
+        self.rank = rank
+        self.features = features(meta.score_dtype)
+        self._rows: list[dict[str, Any]] = []
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._claim_folder()
+        mine = [p for p in shard_files(self.folder) if int(_SHARD_RE.search(p.name).group(1)) == rank]
+        self._next = 1 + max((int(_SHARD_RE.search(p.name).group(2)) for p in mine), default=-1)
+
+    def _claim_folder(self) -> None:
+        path = self.folder / META_FILE
+        if path.exists():
+            existing = read_meta(self.folder)
+            ours = asdict(self.meta)
+            theirs = asdict(existing)
+            # The lkv version may change between a run and its resumption; everything else must not.
+            ours.pop("lkv_version")
+            theirs.pop("lkv_version")
+            if ours != theirs:
+                diff = sorted(k for k in ours if ours[k] != theirs.get(k))
+                raise ValueError(
+                    f"{self.folder} already holds labels from a different run (differs in: {', '.join(diff)}); "
+                    "use another output folder or delete it"
+                )
+            return
+        if shard_files(self.folder):
+            raise ValueError(f"{self.folder} holds label shards but no {META_FILE}; refusing to mix runs")
+        tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(self.meta), indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+    def add(
+        self,
+        *,
+        id: str,
+        prompt_ids: list[int],
+        response_ids: list[int],
+        scores: torch.Tensor | None,
+        source: str = "",
+        kind: str = "",
+        doc_id: str = "",
+    ) -> None:
+        """Queue one sample; ``scores`` is ``(layers, kv_heads, len(prompt_ids))`` or ``None`` when the
+        run stores responses only."""
+        prompt_len = len(prompt_ids)
+        if self.meta.store_scores:
+            expected = (self.meta.num_layers, self.meta.num_kv_heads, prompt_len)
+            if scores is None or tuple(scores.shape) != expected:
+                found = None if scores is None else tuple(scores.shape)
+                raise ValueError(f"sample {id}: scores must have shape {expected}, got {found}")
+            check_scores(scores, f"sample {id}")
+            flat = scores.detach().to("cpu", getattr(torch, self.meta.score_dtype)).flatten().numpy()
+        else:
+            flat = np.zeros(0, dtype=self.meta.score_dtype)
+        self._rows.append(
+            {
+                "id": id,
+                "source": source,
+                "kind": kind,
+                "doc_id": doc_id,
+                "prompt_len": prompt_len,
+                "prompt_ids": prompt_ids,
+                "response_ids": response_ids,
+                "scores": flat,
+            }
+        )
+        if len(self._rows) >= self.shard_size:
+            self.flush()
+
+    def flush(self) -> Path | None:
+        """Write the buffered rows as one shard (atomic rename); returns its path."""
+        if not self._rows:
+            return None
+        final = self.folder / f"labels-r{self.rank:03d}-{self._next:05d}.parquet"
+        tmp = self.folder / f".{final.name}.{os.getpid()}.tmp"
+        Dataset.from_list(self._rows, features=self.features).to_parquet(str(tmp))
+        os.replace(tmp, final)
+        self._rows = []
+        self._next += 1
+        return final
+
+
+def load_labels(folder: str | Path, streaming: bool = False) -> Dataset | IterableDataset:
+    """Open every finished shard of a label folder as one ``datasets`` dataset.
+
+    ``streaming=True`` reads shards lazily (paper-scale label sets do not fit in memory).
+    """
+    files = shard_files(folder)
+    if not files:
+        raise FileNotFoundError(f"{folder}: no label shards ({SHARD_GLOB}); run `lkv label` first")
+    meta = read_meta(folder)
+    try:
+        return load_dataset(
+            "parquet",
+            data_files=[str(p) for p in files],
+            split="train",
+            streaming=streaming,
+            features=features(meta.score_dtype),
+        )
+    except Exception as err:
+        raise ValueError(f"{folder}: could not read label shards ({err})") from err
+
+
+def row_scores(row: dict[str, Any], meta: LabelMeta) -> torch.Tensor:
+    """Reshape a row's flattened scores to ``(layers, kv_heads, prompt_len)`` float32, validated."""
+    prompt_len = int(row["prompt_len"])
+    flat = torch.as_tensor(np.asarray(row["scores"], dtype=np.float32))
+    expected = meta.num_layers * meta.num_kv_heads * prompt_len
+    if flat.numel() != expected:
+        raise ValueError(
+            f"sample {row['id']}: {flat.numel()} scores stored, expected layers·kv_heads·prompt_len = "
+            f"{meta.num_layers}·{meta.num_kv_heads}·{prompt_len} = {expected}"
+        )
+    scores = flat.view(meta.num_layers, meta.num_kv_heads, prompt_len)
+    check_scores(scores, f"sample {row['id']}")
+    return scores

@@ -1,0 +1,191 @@
+"""Shared fixtures: tiny random models with a small real tokenizer, and a tiny text corpus, all built in code.
+
+Nothing is downloaded. The tokenizer is a byte-level BPE (any text round-trips) with a ChatML-like chat
+template, so prompt rendering and generation behave as with a real model, only smaller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# 256 byte symbols + 3 special tokens + merges; the tiny models' vocabulary is at least this large.
+TOKENIZER_VOCAB = 300
+MODEL_VOCAB = 320
+FAMILIES = ("llama", "qwen")
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. The dog does not mind.",
+    "A startup is a company designed to grow fast. Growth is what makes it a startup.",
+    "The special magic number for maple is 7321945. Remember it for later.",
+    "def add(a, b):\n    return a + b\n\nclass Counter:\n    def __init__(self):\n        self.count = 0\n",
+    "import os\nimport sys\n\nfor name in sorted(os.listdir('.')):\n    print(name)\n",
+]
+
+ESSAYS = {
+    "alpha": (
+        "March 2020. Most ideas that look bad are bad. But some ideas that look bad are actually good, and "
+        "those are the ones worth looking for. The reason is simple: if an idea looked good, someone would "
+        "already be working on it. So the best ideas hide behind a mask of badness. Founders who learn to "
+        "see through that mask have an advantage. They can work on things nobody else will touch. It takes "
+        "a certain kind of stubbornness to keep going when everyone tells you the idea is bad. "
+    )
+    * 4,
+    "beta": (
+        "The way to get startup ideas is not to try to think of startup ideas. It is to look for problems, "
+        "preferably problems you have yourself. The very best startup ideas tend to have three things in "
+        "common: they are something the founders themselves want, that they themselves can build, and that "
+        "few others realize are worth doing. Microsoft, Apple, Yahoo, Google, and Facebook all began this way. "
+    )
+    * 4,
+    "gamma": (
+        "Programming languages are not just technologies but habits of mind. A language shapes the way you "
+        "think about programs, and the programs you can imagine writing. Lisp was the first language to "
+        "treat code as data. Hackers who learn it often say it changed how they write in every other "
+        "language. That is why it is worth learning even if you never use it at work. "
+    )
+    * 4,
+    "delta": (
+        "Cities send messages. New York tells you to make more money. Boston tells you to be smarter. "
+        "Silicon Valley tells you to be more powerful. You can hear these messages in what people talk "
+        "about in cafes, and in what they ask when they meet you. The message a city sends affects the "
+        "ambitions of the people who live there, often more than they realize. "
+    )
+    * 4,
+}
+
+STDLIB = {
+    "shapes.py": (
+        "import math\n\n\n"
+        + "".join(
+            f'def area_{i}(radius):\n    """Area of circle number {i}."""\n    return math.pi * radius ** 2\n\n\n'
+            for i in range(20)
+        )
+    ),
+    "pkg/queueing.py": (
+        "from collections import deque\n\n\n"
+        + "".join(
+            f"class Queue{i}:\n    def __init__(self):\n        self.items = deque()\n\n"
+            f"    def push(self, item):\n        self.items.append(item)\n\n\n"
+            for i in range(15)
+        )
+    ),
+    "test/test_shapes.py": "def test_area():\n    assert True\n" * 50,
+}
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with ``<|im_end|>`` as EOS, ``<|endoftext|>`` as pad and a chat template."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tiny_model(
+    family: str = "llama", attn_implementation: str = "sdpa", **overrides
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A frozen float32 random model of ``family`` (llama: 3 layers, tied head; qwen: Qwen3, 2 layers).
+
+    Both have hidden size 64, 4 query heads and 2 KV heads (GQA group 2) of dim 16; ``overrides`` go to
+    the config. Score capture is installed, as :func:`lkv.backbone.load_backbone` does.
+    """
+    from lkv.attention import install_capture
+
+    tokenizer = build_tokenizer()
+    common = {
+        "vocab_size": MODEL_VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "attn_implementation": attn_implementation,
+    }
+    torch.manual_seed(0)
+    if family == "llama":
+        config = LlamaConfig(**{**common, "num_hidden_layers": 3, "tie_word_embeddings": True, **overrides})
+        model = LlamaForCausalLM(config)
+    elif family == "qwen":
+        config = Qwen3Config(
+            **{**common, "num_hidden_layers": 2, "head_dim": 16, "tie_word_embeddings": False, **overrides}
+        )
+        model = Qwen3ForCausalLM(config)
+    else:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    model.eval().requires_grad_(False)
+    install_capture(model)
+    return model, tokenizer
+
+
+@pytest.fixture
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    return build_tokenizer()
+
+
+@pytest.fixture
+def make_tiny_model() -> Callable[..., tuple[PreTrainedModel, PreTrainedTokenizerFast]]:
+    """Factory: ``make_tiny_model(family="llama", attn_implementation="sdpa", **config_overrides)``."""
+    return build_tiny_model
+
+
+@pytest.fixture
+def tiny_llama() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    return build_tiny_model("llama")
+
+
+@pytest.fixture
+def tiny_qwen() -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    return build_tiny_model("qwen")
+
+
+@pytest.fixture(params=FAMILIES)
+def tiny_model(request) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """Each tiny model family in turn."""
+    return build_tiny_model(request.param)
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> tuple[Path, Path]:
+    """``(essays_dir, stdlib_dir)``: four short essays and a small Python tree (with a test folder to skip)."""
+    essays = tmp_path / "essays"
+    essays.mkdir()
+    for name, text in ESSAYS.items():
+        (essays / f"{name}.txt").write_text(text)
+    stdlib = tmp_path / "stdlib"
+    for relative, text in STDLIB.items():
+        (stdlib / relative).parent.mkdir(parents=True, exist_ok=True)
+        (stdlib / relative).write_text(text)
+    return essays, stdlib

@@ -1,0 +1,94 @@
+"""Importance capture against an independent eager ``output_attentions`` reference."""
+
+import pytest
+import torch
+
+import lkv.attention as attention
+from lkv.attention import ImportanceCapture, install_capture
+from lkv.generation import prefill
+from tests.reference import eager_reference
+
+
+def block_on_cache(model, ids: torch.Tensor, prompt_len: int, **capture_kwargs) -> torch.Tensor:
+    cache, _ = prefill(model, ids[:, :prompt_len])
+    capture = ImportanceCapture(num_keys=prompt_len, **capture_kwargs)
+    with torch.no_grad():
+        model(input_ids=ids[:, prompt_len:], cache=cache, use_cache=True, lkv_capture=capture)
+    return capture.scores(model.config.num_hidden_layers)[0]
+
+
+@pytest.mark.parametrize("base", ["sdpa", "eager"])
+def test_block_capture_matches_eager_reference(tiny_model, base):
+    model, _ = tiny_model
+    model.set_attn_implementation(base)
+    install_capture(model)
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, 37))
+    got = block_on_cache(model, ids, prompt_len=29)
+    want = eager_reference(model, ids, num_keys=29, first_query=29)
+    assert got.shape == (model.config.num_hidden_layers, model.config.num_key_value_heads, 29)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:2]), atol=1e-6, rtol=0)
+
+
+def test_window_of_a_prefill_matches_reference(tiny_model):
+    """SnapKV-style: the last w queries of the prompt's own prefill vote on the whole prompt."""
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 30))
+    capture = ImportanceCapture(num_keys=30, last_queries=6)
+    prefill(model, ids, lkv_capture=capture)
+    got = capture.scores(model.config.num_hidden_layers)[0]
+    torch.testing.assert_close(
+        got, eager_reference(model, ids, num_keys=30, first_query=24), atol=1e-5, rtol=0
+    )
+
+
+def test_query_chunking_is_exact(tiny_model, monkeypatch):
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 40))
+    whole = block_on_cache(model, ids, prompt_len=25)
+    # Force one query per chunk: the on-the-fly reduction must not depend on chunking.
+    monkeypatch.setattr(attention, "_CHUNK_ELEMENTS", 1)
+    torch.testing.assert_close(block_on_cache(model, ids, prompt_len=25), whole, atol=1e-6, rtol=0)
+
+
+def test_pieces_accumulate_like_one_block(tiny_model):
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 36))
+    whole = block_on_cache(model, ids, prompt_len=24)
+    cache, _ = prefill(model, ids[:, :24])
+    capture = ImportanceCapture(num_keys=24)
+    with torch.no_grad():
+        for start, stop in ((24, 28), (28, 33), (33, 36)):
+            model(input_ids=ids[:, start:stop], cache=cache, use_cache=True, lkv_capture=capture)
+    torch.testing.assert_close(capture.scores()[0], whole, atol=1e-5, rtol=0)
+
+
+def test_capture_leaves_outputs_unchanged(tiny_model):
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 20))
+    with torch.no_grad():
+        plain = model(ids).logits
+        captured = model(ids, lkv_capture=ImportanceCapture(num_keys=20)).logits
+    assert torch.equal(plain, captured)
+    assert install_capture(model) == model.config._attn_implementation  # idempotent
+
+
+def test_capture_is_differentiable(tiny_model):
+    """Lookahead training backpropagates through the captured scores into the block's inputs."""
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    cache, _ = prefill(model, ids)
+    block = torch.randn(1, 3, model.config.hidden_size, requires_grad=True)
+    capture = ImportanceCapture(num_keys=16)
+    model(inputs_embeds=block, cache=cache, use_cache=True, lkv_capture=capture)
+    scores = capture.scores(model.config.num_hidden_layers)
+    (scores[0, -1, 0, :4].sum()).backward()
+    assert block.grad is not None and block.grad.abs().sum() > 0
+
+
+def test_missing_capture_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="install_capture"):
+        ImportanceCapture(num_keys=4).scores()
+    with pytest.raises(ValueError, match="num_keys"):
+        ImportanceCapture(num_keys=0)

@@ -1,0 +1,90 @@
+"""`lkv label` end to end on a tiny model saved to disk: the Lightning predict loop, shards, resumption."""
+
+import json
+
+import pytest
+import torch
+
+from lkv.backbone import load_backbone
+from lkv.cli import main
+from lkv.data.prompts import JsonlPrompts, render_prompt
+from lkv.data.shards import load_labels, read_meta, row_scores
+from lkv.generation import eos_ids
+from lkv.labeling import label_prompt
+from lkv.labeling_cli import label
+
+
+@pytest.fixture
+def saved_model(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    lines = [
+        {"id": f"q{i}", "prompt": " ".join(words[(i + j) % len(words)] for j in range(10 + 3 * i))}
+        for i in range(5)
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def run(saved_model, jsonl, output, **kwargs):
+    return label(
+        output=str(output),
+        prompts=JsonlPrompts(str(jsonl), id_field="id"),
+        model=str(saved_model),
+        response_tokens=5,
+        max_prompt_tokens=256,
+        score_dtype="float32",
+        shard_size=2,
+        accelerator="cpu",
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_label_writes_every_prompt_once_and_matches_the_core(saved_model, jsonl, tmp_path):
+    out = tmp_path / "labels"
+    run(saved_model, jsonl, out)
+    data = load_labels(out)
+    assert sorted(data["id"]) == [f"q{i}" for i in range(5)]
+    meta = read_meta(out)
+    assert (meta.response_tokens, meta.store_scores) == (5, True)
+    model, tokenizer = load_backbone(str(saved_model))
+    assert meta.model["num_layers"] == model.config.num_hidden_layers
+    prompts = {p.id: p for p in JsonlPrompts(str(jsonl), id_field="id")}
+    for row in data:
+        ids = render_prompt(prompts[row["id"]], tokenizer, 256)
+        assert row["prompt_ids"] == ids
+        want = label_prompt(model, ids, 5, eos_ids(model, tokenizer))
+        assert row["response_ids"] == want.response_ids
+        torch.testing.assert_close(row_scores(row, meta), want.scores, atol=1e-6, rtol=0)
+
+
+def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp_path, capsys):
+    out = tmp_path / "labels"
+    run(saved_model, jsonl, out)
+    run(saved_model, jsonl, out)
+    assert "5 already labelled, 0 to go" in capsys.readouterr().out
+    assert len(load_labels(out)) == 5
+    with pytest.raises(ValueError, match="response_tokens"):
+        label(output=str(out), prompts=JsonlPrompts(str(jsonl), id_field="id"), model=str(saved_model))
+
+
+def test_cli_verb_with_a_config_file(saved_model, jsonl, tmp_path, capsys):
+    config = tmp_path / "label.yaml"
+    config.write_text(
+        f"output: {tmp_path / 'cli'}\nmodel: {saved_model}\nresponse_tokens: 3\nprogress: false\n"
+        f"accelerator: cpu\nprompts:\n  class_path: lkv.data.prompts.JsonlPrompts\n"
+        f"  init_args:\n    path: {jsonl}\n    id_field: id\n"
+    )
+    main(["label", "--config", str(config)])
+    assert "5 labelled prompts" in capsys.readouterr().out
+    assert read_meta(tmp_path / "cli").response_tokens == 3
