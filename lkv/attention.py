@@ -7,7 +7,7 @@ renormalised over those ``S`` keys.
 
 ``install_capture(model)`` switches a model to a wrapped copy of its own attention implementation (sdpa,
 eager, flash, ...). The wrapper is a no-op unless a forward pass is given ``lkv_capture=ImportanceCapture``
-as a keyword argument, which transformers threads down to the attention function of every layer. The
+(or a list of them, e.g. several methods' windows from one prefill) as a keyword argument, which transformers threads down to the attention function of every layer. The
 capture then computes the block's attention rows itself in fp32, in query chunks, and immediately reduces
 them to ``(batch, kv_heads, S)``: memory is O(L·H_kv·S) for the result plus one chunk of rows for one
 layer at a time — never an S×S matrix, never all layers' attention at once.
@@ -154,12 +154,12 @@ def _make_capturing(implementation: str) -> Callable:
         attention_mask: torch.Tensor | None,
         **kwargs,
     ):
-        capture: ImportanceCapture | None = kwargs.pop(CAPTURE_KWARG, None)
-        if capture is not None:
+        captures = kwargs.pop(CAPTURE_KWARG, None)
+        if captures is not None:
             scaling = kwargs.get("scaling")
-            capture.observe(
-                module.layer_idx, query, key, attention_mask, module.scaling if scaling is None else scaling
-            )
+            scaling = module.scaling if scaling is None else scaling
+            for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
+                capture.observe(module.layer_idx, query, key, attention_mask, scaling)
         return _base_attention(implementation, module)(module, query, key, value, attention_mask, **kwargs)
 
     return capturing_attention

@@ -8,19 +8,15 @@ matrix, no LM head over the prompt, no second prefill.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
 from lkv import __version__
 from lkv.attention import ImportanceCapture
-from lkv.data.shards import LabelMeta, ShardWriter, finished_ids
-from lkv.generation import crop_to, decode, eos_ids, prefill
+from lkv.data.shards import LabelMeta
+from lkv.generation import crop_to, decode, prefill
 
 
 @torch.no_grad()
@@ -70,62 +66,6 @@ def label_prompt(
     crop_to(cache, len(prompt_ids))
     scores = response_importance(model, cache, len(prompt_ids), torch.tensor([response], device=device))
     return Label(response, scores)
-
-
-@dataclass
-class LabelStats:
-    """Outcome of a label run."""
-
-    labelled: int
-    skipped_done: int
-    skipped_long: int
-    seconds: float
-
-
-def label_prompts(
-    model: PreTrainedModel,
-    tokenizer,
-    prompts: Iterable,
-    output: str | Path,
-    meta: LabelMeta,
-    render,
-    shard_size: int = 64,
-    rank: int = 0,
-    progress: bool = True,
-) -> LabelStats:
-    """Label every prompt not already in ``output``; resumable and atomic per shard.
-
-    Args:
-        prompts: iterable of :class:`lkv.data.prompts.Prompt`.
-        render: ``Prompt -> list[int] | None`` (None = skipped by the truncation policy).
-    """
-    writer = ShardWriter(output, meta, shard_size=shard_size, rank=rank)
-    done = finished_ids(output)
-    eos = eos_ids(model, tokenizer)
-    stats = LabelStats(0, 0, 0, 0.0)
-    start = time.perf_counter()
-    for prompt in tqdm(prompts, desc="label", unit="prompt", disable=not progress):
-        if prompt.id in done:
-            stats.skipped_done += 1
-            continue
-        ids = render(prompt)
-        if ids is None:
-            stats.skipped_long += 1
-            continue
-        label = label_prompt(model, ids, meta.response_tokens, eos, meta.store_scores)
-        writer.add(
-            id=prompt.id,
-            prompt_ids=ids,
-            response_ids=label.response_ids,
-            scores=label.scores,
-            source=prompt.source,
-            kind=prompt.kind,
-            doc_id=prompt.doc_id,
-        )
-        stats.labelled += 1
-    writer.flush()
-    stats.seconds = time.perf_counter() - start
-    return stats
 
 
 def make_meta(

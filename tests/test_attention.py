@@ -43,6 +43,16 @@ def test_window_of_a_prefill_matches_reference(tiny_model):
     )
 
 
+def test_several_captures_share_one_prefill(tiny_model):
+    model, _ = tiny_model
+    ids = torch.randint(0, model.config.vocab_size, (1, 30))
+    window, everything = ImportanceCapture(num_keys=30, last_queries=6), ImportanceCapture(num_keys=30)
+    prefill(model, ids, lkv_capture=[window, everything])
+    for capture, first in ((window, 24), (everything, 0)):
+        want = eager_reference(model, ids, num_keys=30, first_query=first)
+        torch.testing.assert_close(capture.scores()[0], want, atol=1e-5, rtol=0)
+
+
 def test_query_chunking_is_exact(tiny_model, monkeypatch):
     model, _ = tiny_model
     ids = torch.randint(0, model.config.vocab_size, (1, 40))

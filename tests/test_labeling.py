@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from lkv.backbone import model_signature
-from lkv.data.prompts import Prompt
 from lkv.data.shards import (
     ShardWriter,
     finished_ids,
@@ -14,7 +13,7 @@ from lkv.data.shards import (
     shard_files,
 )
 from lkv.generation import eos_ids
-from lkv.labeling import label_prompt, label_prompts, make_meta
+from lkv.labeling import label_prompt, make_meta
 from tests.reference import eager_reference
 
 
@@ -32,22 +31,8 @@ def test_label_matches_generate_and_eager_reference(tiny_model):
     torch.testing.assert_close(label.scores.sum(-1), torch.ones(want.shape[:2]), atol=1e-6, rtol=0)
 
 
-def make_prompts(n: int, vocab: int) -> list[Prompt]:
-    gen = torch.Generator().manual_seed(2)
-    return [
-        Prompt(
-            id=f"p{i:03d}",
-            messages=[{"role": "user", "content": "x"}],
-            source="test",
-            doc_id=f"d{i}",
-            kind="synthetic",
-            meta={"ids": torch.randint(0, vocab, (12 + i,), generator=gen).tolist()},
-        )
-        for i in range(n)
-    ]
-
-
-def run_label(model, tokenizer, prompts, folder, score_dtype="float32", store_scores=True):
+def write_labels(model, tokenizer, prompts, folder, score_dtype="float32", store_scores=True):
+    """Label ``prompts`` (lists of token ids) in-process through the shard writer; returns the meta."""
     meta = make_meta(
         model_signature(model, tokenizer, "tiny").to_dict(),
         response_tokens=4,
@@ -57,73 +42,52 @@ def run_label(model, tokenizer, prompts, folder, score_dtype="float32", store_sc
         store_scores=store_scores,
         prompt_source="test",
     )
-    stats = label_prompts(
-        model, tokenizer, prompts, folder, meta, render=lambda p: p.meta["ids"], shard_size=2, progress=False
-    )
-    return meta, stats
+    writer = ShardWriter(folder, meta, shard_size=2)
+    eos = eos_ids(model, tokenizer)
+    for i, ids in enumerate(prompts):
+        label = label_prompt(model, ids, 4, eos, store_scores)
+        writer.add(id=f"p{i:03d}", prompt_ids=ids, response_ids=label.response_ids, scores=label.scores)
+    writer.flush()
+    return meta
+
+
+def random_prompts(n: int, vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(2)
+    return [torch.randint(0, vocab, (12 + i,), generator=gen).tolist() for i in range(n)]
 
 
 def test_shard_round_trip(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    prompts = make_prompts(5, model.config.vocab_size)
-    meta, stats = run_label(model, tokenizer, prompts, tmp_path)
-    assert stats.labelled == 5
+    prompts = random_prompts(5, model.config.vocab_size)
+    meta = write_labels(model, tokenizer, prompts, tmp_path)
     assert len(shard_files(tmp_path)) == 3  # shard_size 2 → 2 + 2 + 1
     data = load_labels(tmp_path)
-    assert data["id"] == [p.id for p in prompts]
+    assert data["id"] == [f"p{i:03d}" for i in range(5)]
+    assert finished_ids(tmp_path) == set(data["id"])
     eos = eos_ids(model, tokenizer)
-    for row, prompt in zip(data, prompts, strict=True):
-        assert row["prompt_ids"] == prompt.meta["ids"]
-        expected = label_prompt(model, prompt.meta["ids"], 4, eos)
+    for row, ids in zip(data, prompts, strict=True):
+        assert row["prompt_ids"] == ids
+        expected = label_prompt(model, ids, 4, eos)
         assert row["response_ids"] == expected.response_ids
         assert torch.equal(row_scores(row, read_meta(tmp_path)), expected.scores)
+    assert read_meta(tmp_path) == meta
 
 
 def test_float16_scores_and_responses_only(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    prompts = make_prompts(2, model.config.vocab_size)
-    meta, _ = run_label(model, tokenizer, prompts, tmp_path / "half", score_dtype="float16")
+    prompts = random_prompts(2, model.config.vocab_size)
+    meta = write_labels(model, tokenizer, prompts, tmp_path / "half", score_dtype="float16")
     row = load_labels(tmp_path / "half")[0]
-    full = label_prompt(model, prompts[0].meta["ids"], 4, eos_ids(model, tokenizer)).scores
+    full = label_prompt(model, prompts[0], 4, eos_ids(model, tokenizer)).scores
     torch.testing.assert_close(row_scores(row, meta), full, atol=1e-3, rtol=1e-2)
-    run_label(model, tokenizer, prompts, tmp_path / "resp", store_scores=False)
+    write_labels(model, tokenizer, prompts, tmp_path / "resp", store_scores=False)
     row = load_labels(tmp_path / "resp")[0]
     assert row["scores"] == [] and len(row["response_ids"]) > 0
 
 
-class Interrupt(Exception):
-    pass
-
-
-def interrupted(prompts, after: int):
-    for i, prompt in enumerate(prompts):
-        if i == after:
-            raise Interrupt
-        yield prompt
-
-
-def test_interrupted_run_resumes_without_duplicates_or_gaps(tiny_llama, tmp_path):
-    model, tokenizer = tiny_llama
-    prompts = make_prompts(7, model.config.vocab_size)
-    with pytest.raises(Interrupt):
-        run_label(model, tokenizer, interrupted(prompts, after=5), tmp_path / "cut")
-    # shard_size 2: four samples were flushed, the fifth was lost with the process.
-    assert finished_ids(tmp_path / "cut") == {p.id for p in prompts[:4]}
-    _, stats = run_label(model, tokenizer, prompts, tmp_path / "cut")
-    assert (stats.labelled, stats.skipped_done) == (3, 4)
-    run_label(model, tokenizer, prompts, tmp_path / "whole")
-    resumed, whole = load_labels(tmp_path / "cut"), load_labels(tmp_path / "whole")
-    assert sorted(resumed["id"]) == sorted(whole["id"]) == [p.id for p in prompts]
-    by_id = {row["id"]: row for row in whole}
-    for row in resumed:
-        assert row["response_ids"] == by_id[row["id"]]["response_ids"]
-        assert row["scores"] == by_id[row["id"]]["scores"]
-
-
 def test_folder_of_another_run_is_refused(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    prompts = make_prompts(1, model.config.vocab_size)
-    meta, _ = run_label(model, tokenizer, prompts, tmp_path)
+    meta = write_labels(model, tokenizer, random_prompts(1, model.config.vocab_size), tmp_path)
     meta.response_tokens = 99
     with pytest.raises(ValueError, match="different run.*response_tokens"):
         ShardWriter(tmp_path, meta)
@@ -131,7 +95,7 @@ def test_folder_of_another_run_is_refused(tiny_llama, tmp_path):
 
 def test_corrupt_shard_is_named(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    run_label(model, tokenizer, make_prompts(2, model.config.vocab_size), tmp_path)
+    write_labels(model, tokenizer, random_prompts(2, model.config.vocab_size), tmp_path)
     shard = shard_files(tmp_path)[0]
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(ValueError, match=shard.name):
@@ -140,7 +104,7 @@ def test_corrupt_shard_is_named(tiny_llama, tmp_path):
 
 def test_bad_scores_are_refused(tiny_llama, tmp_path):
     model, tokenizer = tiny_llama
-    meta, _ = run_label(model, tokenizer, make_prompts(1, model.config.vocab_size), tmp_path)
+    meta = write_labels(model, tokenizer, random_prompts(1, model.config.vocab_size), tmp_path)
     writer = ShardWriter(tmp_path, meta)
     shape = (meta.num_layers, meta.num_kv_heads, 3)
     good = torch.full(shape, 1 / 3)

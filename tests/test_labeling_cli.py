@@ -78,6 +78,35 @@ def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp
         label(output=str(out), prompts=JsonlPrompts(str(jsonl), id_field="id"), model=str(saved_model))
 
 
+def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, tmp_path, monkeypatch):
+    import lkv.labeling_cli as labeling_cli
+
+    real, calls = labeling_cli.label_prompt, []
+
+    def dies_on_the_fifth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("crash")  # the run dies mid-way, before its last shard is flushed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(labeling_cli, "label_prompt", dies_on_the_fifth)
+    with pytest.raises(RuntimeError, match="crash"):
+        run(saved_model, jsonl, tmp_path / "cut")
+    # shard_size 2: four samples reached finished shards, the fifth was lost with the process.
+    assert sorted(load_labels(tmp_path / "cut")["id"]) == ["q0", "q1", "q2", "q3"]
+    monkeypatch.setattr(labeling_cli, "label_prompt", real)
+    run(saved_model, jsonl, tmp_path / "cut")
+    run(saved_model, jsonl, tmp_path / "whole")
+    resumed, whole = load_labels(tmp_path / "cut"), load_labels(tmp_path / "whole")
+    assert sorted(resumed["id"]) == sorted(whole["id"]) == [f"q{i}" for i in range(5)]
+    by_id = {row["id"]: row for row in whole}
+    for row in resumed:
+        assert (row["response_ids"], row["scores"]) == (
+            by_id[row["id"]]["response_ids"],
+            by_id[row["id"]]["scores"],
+        )
+
+
 def test_cli_verb_with_a_config_file(saved_model, jsonl, tmp_path, capsys):
     config = tmp_path / "label.yaml"
     config.write_text(
