@@ -1,0 +1,57 @@
+"""Every LightningCLI config under configs/ parses (`--print_config`) without loading any weights.
+
+Configs of the other verbs (configs/eval, configs/sweeps, configs/demo, and any YAML without a top-level
+``model:`` or ``trainer:`` key) are parsed by their own verbs' tests.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import lkv.module
+from lkv.training_cli import lightning_main
+
+ROOT = Path(__file__).resolve().parents[1]
+OTHER_VERBS = ("eval", "sweeps", "demo")
+
+
+def lightning_configs() -> list[Path]:
+    found = []
+    for path in sorted((ROOT / "configs").glob("**/*.yaml")):
+        relative = path.relative_to(ROOT / "configs")
+        if relative.parts[0] in OTHER_VERBS:
+            continue
+        content = yaml.safe_load(path.read_text()) or {}
+        if isinstance(content, dict) and ({"model", "trainer"} & set(content)):
+            found.append(path)
+    return found
+
+
+CONFIGS = lightning_configs()
+
+
+def test_the_shipped_recipes_are_found():
+    names = {p.name for p in CONFIGS}
+    assert {"smollm2_135m.yaml", "llama3_8b.yaml", "qwen3_8b.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_config_parses_without_loading_weights(path, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise AssertionError("parsing a config must not load a model")
+
+    monkeypatch.setattr(lkv.module, "load_backbone", refuse)
+    relative = path.relative_to(ROOT)
+    header = path.read_text().splitlines()
+    assert header[0].startswith("# "), f"{relative}: must start with a comment header"
+    assert any(f"lkv fit --config {relative}" in line for line in header if line.startswith("#")), (
+        f"{relative}: the header must give the exact command `lkv fit --config {relative}`"
+    )
+    assert any("Hardware" in line for line in header if line.startswith("#")), f"{relative}: no Hardware line"
+    with pytest.raises(SystemExit) as exit_info:
+        lightning_main(["fit", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["num_lookahead"] == yaml.safe_load(path.read_text())["model"]["num_lookahead"]
+    assert {"trainer", "model", "data"} <= set(printed)

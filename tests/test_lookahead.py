@@ -1,0 +1,181 @@
+"""Lookahead module: selectivity, gradients, exactness against a full eager forward, save/load."""
+
+import pytest
+import torch
+from peft import PeftModel
+
+from lkv.generation import prefill
+from lkv.lookahead import CONFIG_FILE, LookaheadAdapter
+from lkv.metrics import importance_kl
+
+
+def random_prompt(model, length: int = 24, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (1, length), generator=gen)
+
+
+def perturb_lora(adapter: LookaheadAdapter, seed: int = 1, scale: float = 0.5) -> None:
+    """Give every LoRA B (zero at creation) random values, so the adapter really changes the model."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in adapter.trainable_parameters().items():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def cache_tensors(cache) -> list[torch.Tensor]:
+    return [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def test_prompt_cache_is_bit_identical_with_the_adapter_loaded(tiny_model):
+    model, _ = tiny_model
+    ids = random_prompt(model)
+    base_cache, base_logits = prefill(model, ids)
+    base = cache_tensors(base_cache)
+    adapter = LookaheadAdapter.create(model, num_tokens=4)
+    perturb_lora(adapter)
+    cache, logits = prefill(adapter.model, ids)
+    assert all(torch.equal(a, b) for a, b in zip(base, cache_tensors(cache), strict=True))
+    assert torch.equal(logits, base_logits)
+    with torch.no_grad():
+        adapter.predict(cache, ids.shape[1])
+    # predict leaves the prompt's cache exactly as it found it, and the adapter off
+    assert cache.get_seq_length() == ids.shape[1]
+    assert all(torch.equal(a, b) for a, b in zip(base, cache_tensors(cache), strict=True))
+    assert torch.equal(prefill(adapter.model, ids)[1], base_logits)
+
+
+def test_adapter_changes_only_the_lookahead_tokens_predictions(tiny_llama):
+    model, _ = tiny_llama
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=4)
+    with torch.no_grad():
+        before = adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1])
+        perturb_lora(adapter)
+        after = adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1])
+    assert (before - after).abs().max() > 1e-3
+
+
+def test_gradients_reach_only_lookahead_embeddings_and_lora(tiny_model):
+    model, _ = tiny_model
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=4)
+    perturb_lora(adapter)  # with B = 0, LoRA A gets an exactly zero gradient
+    trainable = adapter.trainable_parameters()
+    assert "embeddings" in trainable
+    # all-linear: q,k,v,o,gate,up,down in every layer, A and B each; never lm_head
+    assert len(trainable) == 1 + model.config.num_hidden_layers * 7 * 2
+    assert not any("lm_head" in name for name in trainable)
+    cache, _ = prefill(adapter.model, ids)
+    pred = adapter.predict(cache, ids.shape[1])
+    target = torch.softmax(torch.randn(pred.shape), dim=-1)
+    importance_kl(target, pred).mean().backward()
+    # The last layer's scores depend on its q/k only: its v, o and MLP never influence the loss.
+    last = f"layers.{model.config.num_hidden_layers - 1}."
+    dead = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for name, p in adapter.named_parameters():
+        if name in trainable and not (last in name and any(d in name for d in dead)):
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+        else:
+            assert p.grad is None, name
+        assert p.requires_grad == (name in trainable), name
+
+
+@pytest.mark.parametrize("targets", ["none", []])
+def test_embeddings_only_module(tiny_llama, targets):
+    model, _ = tiny_llama
+    adapter = LookaheadAdapter.create(model, num_tokens=3, target_modules=targets)
+    assert not isinstance(adapter.model, PeftModel)
+    assert list(adapter.trainable_parameters()) == ["embeddings"]
+    ids = random_prompt(model)
+    pred = adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1])
+    pred.sum().backward()
+    assert adapter.embeddings.grad is not None
+
+
+def test_lora_on_chosen_modules_only(tiny_llama):
+    model, _ = tiny_llama
+    adapter = LookaheadAdapter.create(model, num_tokens=2, target_modules=["q_proj", "v_proj"])
+    names = [n for n in adapter.trainable_parameters() if n != "embeddings"]
+    assert len(names) == model.config.num_hidden_layers * 2 * 2
+    assert all(".q_proj." in n or ".v_proj." in n for n in names)
+
+
+def eager_lookahead_reference(model, ids: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """``(layers, kv_heads, S)`` from one eager forward of [prompt; lookahead embeddings] (identity LoRA)."""
+    prompt_len, kv_heads = ids.shape[1], model.config.num_key_value_heads
+    impl = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            embeds = torch.cat([model.get_input_embeddings()(ids), embeddings[None]], dim=1)
+            attentions = model(inputs_embeds=embeds, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation(impl)
+    rows = []
+    for att in attentions:
+        heads = att.shape[1]
+        block = att[0, :, prompt_len:, :prompt_len].reshape(kv_heads, heads // kv_heads, -1, prompt_len)
+        mass = block.mean(dim=(1, 2))
+        rows.append(mass / mass.sum(-1, keepdim=True))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("init", ["vocab_mean", "random_tokens", "normal"])
+def test_predict_matches_full_eager_forward(tiny_model, init):
+    model, _ = tiny_model
+    ids = random_prompt(model, length=30)
+    adapter = LookaheadAdapter.create(model, num_tokens=5, init=init)
+    with torch.no_grad():
+        pred = adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1])[0]
+    want = eager_lookahead_reference(model, ids, adapter.embeddings.detach())
+    torch.testing.assert_close(pred, want, atol=1e-5, rtol=0)
+
+
+def test_save_load_reproduces_predictions(tiny_model, make_tiny_model, tmp_path):
+    model, _ = tiny_model
+    family = "qwen" if model.config.model_type == "qwen3" else "llama"
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=4, init="random_tokens")
+    perturb_lora(adapter)
+    with torch.no_grad():
+        adapter.embeddings.add_(0.1)
+        want = adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1])
+    adapter.save(tmp_path)
+    assert {"adapter_config.json", "adapter_model.safetensors", CONFIG_FILE} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    fresh, _ = make_tiny_model(family)
+    loaded = LookaheadAdapter.load(tmp_path, fresh)
+    assert not any(p.requires_grad for p in loaded.parameters())
+    with torch.no_grad():
+        got = loaded.predict(prefill(loaded.model, ids)[0], ids.shape[1])
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_load_refuses_another_model_shape(tiny_llama, make_tiny_model, tmp_path):
+    model, _ = tiny_llama
+    LookaheadAdapter.create(model, num_tokens=2).save(tmp_path)
+    wider, _ = make_tiny_model("llama", hidden_size=96)
+    with pytest.raises(ValueError, match="hidden size 64"):
+        LookaheadAdapter.load(tmp_path, wider)
+    with pytest.raises(FileNotFoundError, match="lkv export"):
+        LookaheadAdapter.load(tmp_path / "missing", model)
+
+
+def test_predict_checks_cache_length(tiny_llama):
+    model, _ = tiny_llama
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=2)
+    cache, _ = prefill(adapter.model, ids)
+    with pytest.raises(ValueError, match="expected the prompt's 23"):
+        adapter.predict(cache, ids.shape[1] - 1)
+
+
+def test_train_mode_reaches_only_the_adapter_dropout(tiny_llama):
+    model, _ = tiny_llama
+    adapter = LookaheadAdapter.create(model, num_tokens=2, lora_dropout=0.1)
+    training = {type(m).__name__ for m in adapter.model.modules() if m.training}
+    assert training == {"Dropout", "ModuleDict"}  # peft's lora_dropout dicts; the LLM stays in eval mode
+    adapter.eval()
+    assert not any(m.training for m in adapter.modules())
