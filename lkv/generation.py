@@ -1,17 +1,40 @@
 """Prefill and token-by-token decoding over an explicit KV cache.
 
 Decoding takes its position ids from the *original* sequence length, not from the cache length, so the
-same loop serves a full cache and one that eviction has shrunk to a budget.
+same loop serves a full cache, one that eviction has shrunk to a budget, and one that a decode-time policy
+(:mod:`lkv.decoding`) keeps shrinking while it generates.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 Sampler = Callable[[torch.Tensor], torch.Tensor]
+
+
+class CacheUpkeep(Protocol):
+    """What :func:`decode` asks of a decode-time policy (one object per generation, :mod:`lkv.decoding`).
+
+    Around every forward pass on the cache: ``forward_kwargs`` adds keyword arguments to it (an attention
+    capture, a sparse-attention policy), ``observe`` reads what they collected, ``enforce`` evicts when the
+    cache is over its budget and returns the cache to continue with.
+    """
+
+    def forward_kwargs(self, generating: bool) -> dict[str, Any]:
+        """Extra forward arguments; ``generating`` is false for a block appended before decoding."""
+        ...
+
+    def observe(self) -> None:
+        """Take in what the last forward pass captured."""
+        ...
+
+    def enforce(self, cache: DynamicCache) -> DynamicCache:
+        """Evict down to the budget if the cache is over it; the cache to use from now on."""
+        ...
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -25,7 +48,8 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int | None 
     Args:
         temperature: ≥ 0; 0 means greedy (``top_p`` and ``seed`` are then unused).
         top_p: keep the smallest set of most likely tokens whose probability reaches ``top_p`` (0 < top_p ≤ 1).
-        seed: seeds the sampler's own generator, so a run is reproducible whatever else draws random numbers.
+        seed: seeds the sampler's own generator, so a run is reproducible whatever else draws random numbers;
+            ``None`` draws a non-deterministic seed.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be ≥ 0, got {temperature}")
@@ -34,7 +58,9 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int | None 
     if temperature == 0:
         return greedy
     generator = torch.Generator()
-    if seed is not None:
+    if seed is None:
+        generator.seed()  # a fresh Generator always starts from the same default seed
+    else:
         generator.manual_seed(seed)
 
     def sample(logits: torch.Tensor) -> torch.Tensor:
@@ -101,6 +127,7 @@ def decode(
     eos_token_ids: Sequence[int] = (),
     sampler: Sampler = greedy,
     stop: Callable[[list[int]], bool] | None = None,
+    upkeep: CacheUpkeep | None = None,
 ) -> list[int]:
     """Generate up to ``max_new_tokens`` for a single sequence from a prefilled cache.
 
@@ -111,6 +138,8 @@ def decode(
         eos_token_ids: generation stops after emitting any of these (the EOS token is returned).
         sampler: ``logits (1, vocab) → (1,)`` token choice (:func:`greedy`, :func:`make_sampler`).
         stop: called with the tokens so far after each one; ``True`` ends generation (e.g. :class:`StopStrings`).
+        upkeep: a decode-time policy's per-generation state: it joins every forward pass and may evict
+            after it (the cache object may then be replaced; positions still continue from ``position``).
 
     Returns:
         The generated token ids.
@@ -130,7 +159,11 @@ def decode(
             position_ids=torch.tensor([[position + step]], device=device),
             cache=cache,
             use_cache=True,
+            **({} if upkeep is None else upkeep.forward_kwargs(generating=True)),
         )
+        if upkeep is not None:
+            upkeep.observe()
+            cache = upkeep.enforce(cache)
         next_logits = out.logits[:, -1].float()
     return tokens
 

@@ -1,0 +1,89 @@
+"""Physical KV-cache compression: gather the kept positions so the K/V tensors really shrink.
+
+After :func:`gather_cache`, layer ``l`` holds ``(1, kv_heads, C_l, head_dim)`` keys and values, the kept
+positions in their original order. Every head of a layer keeps the same count, so tensors stay rectangular;
+layers may differ (PyramidKV). RoPE is already baked into the cached keys, so decoding only needs position
+ids that continue from the uncompressed prompt length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache
+
+
+class CompressedCache(DynamicCache):
+    """A :class:`DynamicCache` whose layers may hold different numbers of entries.
+
+    transformers builds one attention mask per forward, sized from the first layer
+    (``get_mask_sizes(q, layer_idx=0)``). That is right whenever all layers have the same length. When they
+    differ, a single query (decoding) may attend to every cached key in every layer, so the mask is sized
+    ``1 × 1`` and broadcasts over each layer's own key count (sdpa needs no mask for one query anyway; eager
+    adds it). A block of several queries would need a different causal mask per layer, which transformers
+    cannot express: that raises, and callers append such blocks one token at a time.
+    """
+
+    def __init__(self, layers: list) -> None:
+        Cache.__init__(self, layers=layers)
+
+    @property
+    def is_ragged(self) -> bool:
+        """True when layers hold different numbers of entries."""
+        return len({layer.get_seq_length() for layer in self.layers}) > 1
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        if not self.is_ragged:
+            return super().get_mask_sizes(query_length, layer_idx)
+        if query_length > 1:
+            raise ValueError(
+                f"this compressed cache holds {self.layer_lengths()} entries per layer; a block of "
+                f"{query_length} tokens would need a different causal mask per layer: append one token at a time"
+            )
+        # (kv_length, kv_offset): one key at the query's own offset → an all-visible 1×1 mask.
+        return 1, self.get_seq_length(layer_idx)
+
+    def layer_lengths(self) -> list[int]:
+        """Cached entries per layer."""
+        return [layer.get_seq_length() for layer in self.layers]
+
+
+def gather_cache(cache: DynamicCache, indices: Sequence[torch.Tensor]) -> CompressedCache:
+    """Keep only ``indices`` of every layer; the returned cache shares (and shrinks) ``cache``'s layers.
+
+    Args:
+        cache: a single-sequence cache, layer ``l`` holding ``(1, kv_heads, S, head_dim)``.
+        indices: per layer ``(1, kv_heads, C_l)`` int64 positions to keep, ascending.
+    """
+    if len(indices) != len(cache.layers):
+        raise ValueError(f"got kept positions for {len(indices)} layers, the cache has {len(cache.layers)}")
+    for layer_idx, (layer, index) in enumerate(zip(cache.layers, indices, strict=True)):
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise NotImplementedError(
+                f"layer {layer_idx} is a {type(layer).__name__}; only full-attention cache layers can be compressed"
+            )
+        if layer.keys.shape[0] != 1 or index.shape[:2] != layer.keys.shape[:2]:
+            raise ValueError(
+                f"layer {layer_idx}: positions of shape {tuple(index.shape)} do not fit keys of shape "
+                f"{tuple(layer.keys.shape)} (one sequence, one row of positions per KV head)"
+            )
+        layer.keys = _gather(layer.keys, index)
+        layer.values = _gather(layer.values, index)
+    return CompressedCache(cache.layers)
+
+
+def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``states (1, kv_heads, S, d)``, ``index (1, kv_heads, C)`` → a new ``(1, kv_heads, C, d)`` tensor."""
+    return states.gather(2, index.to(states.device)[..., None].expand(-1, -1, -1, states.shape[-1]))
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Bytes held by the cache's key and value tensors (``numel · element_size``, all layers)."""
+    total = 0
+    for layer in cache.layers:
+        for states in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if states is not None:
+                total += states.numel() * states.element_size()
+    return total

@@ -1,0 +1,204 @@
+"""Every eviction method end to end on tiny models, against exact references.
+
+* budget ≥ prompt length → the answer is token-identical to ``model.generate`` (greedy);
+* with eviction → the selection is the naive top-C of the method's scores, and the logits after the
+  compressed prompt equal a full-cache forward with the evicted keys masked per (layer, head) (1e-4);
+* the cache bytes shrink to exactly (kept entries) / (full entries);
+* each method's scores against an independent definition.
+"""
+
+import pytest
+import torch
+
+from lkv.generation import prefill
+from lkv.inference import Compressor
+from lkv.lookahead import LookaheadAdapter
+from lkv.presses import PRESSES, Press, PressContext, make_press
+from lkv.presses.lookaheadkv import LookaheadKVPress
+from lkv.presses.snapkv import snapkv_scores
+from tests.reference import eager_reference
+from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
+from tests.test_selector import naive_select
+
+# Settings that fit a 48-token prompt and a 12-token budget.
+SETTINGS = {
+    "fullkv": {},
+    "streamingllm": {"sink": 2},
+    "snapkv": {"window": 4},
+    "pyramidkv": {"window": 4},
+    "h2o": {"recent": 4},
+    "tova": {},
+    "random": {"seed": 1},
+    "laq": {"draft_budget": 12, "num_tokens": 4, "window": 4, "kernel": 3},
+    "speckv": {"draft_layers": 1, "num_tokens": 4, "window": 4, "kernel": 3},
+    "oracle": {"response_tokens": 6},
+    "lookaheadkv": {},
+}
+PROMPT_LEN, BUDGET = 48, 12
+
+
+def test_every_registered_method_is_covered():
+    assert set(SETTINGS) == set(PRESSES)
+
+
+def build_press(name: str, model) -> Press:
+    if name != "lookaheadkv":
+        return make_press(name, **SETTINGS[name])
+    adapter = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)
+    # A non-zero LoRA (B starts at 0), so an adapter leaking outside predict() would change the answers.
+    generator = torch.Generator().manual_seed(0)
+    for param_name, param in adapter.trainable_parameters().items():
+        if "lora_B" in param_name:
+            param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    return LookaheadKVPress(adapter)
+
+
+def prompt(model, length: int = PROMPT_LEN, seed: int = 0) -> torch.Tensor:
+    return torch.randint(
+        0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)
+    )
+
+
+@pytest.mark.parametrize("method", list(SETTINGS))
+def test_full_budget_is_token_identical_to_generate(tiny_model, method):
+    model, tokenizer = tiny_model
+    ids = prompt(model)
+    want = model.generate(ids, max_new_tokens=10, do_sample=False)[0, PROMPT_LEN:].tolist()
+    out = Compressor(model, tokenizer, build_press(method, model), budget=PROMPT_LEN).generate(
+        ids, max_new_tokens=10
+    )
+    assert out.token_ids == want
+    assert out.kv_bytes_kept == out.kv_bytes_full and out.kept_per_layer == [PROMPT_LEN] * len(
+        out.kept_per_layer
+    )
+
+
+@pytest.mark.parametrize("budget", [1.0, 10 * PROMPT_LEN], ids=["ratio=1", "tokens>S"])
+def test_budget_above_length_evicts_nothing(tiny_llama, budget):
+    model, tokenizer = tiny_llama
+    ids = prompt(model)
+    want = model.generate(ids, max_new_tokens=10, do_sample=False)[0, PROMPT_LEN:].tolist()
+    out = Compressor(model, tokenizer, build_press("snapkv", model), budget=budget).generate(
+        ids, max_new_tokens=10
+    )
+    assert out.token_ids == want and out.kv_bytes_kept == out.kv_bytes_full
+
+
+@pytest.mark.parametrize("method", list(SETTINGS))
+def test_eviction_matches_masked_full_cache(tiny_model, method):
+    model, tokenizer = tiny_model
+    ids = prompt(model)
+    press = build_press(method, model)
+    compressor = Compressor(model, tokenizer, press, budget=BUDGET)
+    compressed = compressor.compress(ids)
+    num_layers = model.config.num_hidden_layers
+    budgets = press.layer_budgets(BUDGET, PROMPT_LEN, num_layers)
+    if method == "fullkv":
+        assert compressed.kept is None
+        keep = torch.ones(num_layers, model.config.num_key_value_heads, PROMPT_LEN, dtype=torch.bool)
+    else:
+        assert sum(budgets) == num_layers * BUDGET
+        sink, recent = press.protected(PROMPT_LEN)
+        for layer, kept in enumerate(compressed.kept):
+            for head, row in enumerate(compressed.scores[0, layer].tolist()):
+                assert kept[0, head].tolist() == naive_select(row, budgets[layer], sink, recent, kernel=1)
+        keep = keep_mask(compressed.kept, PROMPT_LEN)
+    assert [layer.get_seq_length() for layer in compressed.cache.layers] == compressed.kept_per_layer
+    kept_entries = sum(compressed.kept_per_layer)
+    assert compressed.kv_bytes_kept * num_layers * PROMPT_LEN == compressed.kv_bytes_full * kept_entries
+
+    tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, PROMPT_LEN, steps=4)
+    want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
+    torch.testing.assert_close(got, want[PROMPT_LEN - 1 :], atol=1e-4, rtol=0)
+    assert compressor.generate(ids, max_new_tokens=4).token_ids == tokens.tolist()
+
+
+def test_tova_h2o_snapkv_scores_match_eager_attention(tiny_model):
+    model, _ = tiny_model
+    ids = prompt(model, 30)
+
+    def scores_of(press: Press) -> torch.Tensor:
+        capture = press.prefill_capture(30)
+        cache, logits = prefill(model, ids, lkv_capture=capture)
+        return press.score(PressContext(model, ids, cache, logits, capture))[0]
+
+    torch.testing.assert_close(
+        scores_of(make_press("tova")), eager_reference(model, ids, 30, 29), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        scores_of(make_press("h2o")), eager_reference(model, ids, 30, 0), atol=1e-5, rtol=0
+    )
+    window = snapkv_scores(eager_reference(model, ids, 30, 24), window=6, kernel=3)
+    torch.testing.assert_close(scores_of(make_press("snapkv", window=6, kernel=3)), window, atol=1e-5, rtol=0)
+
+
+def test_streamingllm_keeps_sink_and_most_recent(tiny_llama):
+    model, tokenizer = tiny_llama
+    compressed = Compressor(model, tokenizer, make_press("streamingllm", sink=3), budget=10).compress(
+        prompt(model, 30)
+    )
+    for kept in compressed.kept:
+        assert kept[0].tolist() == [[0, 1, 2, *range(23, 30)]] * 2
+
+
+def test_random_is_seeded(tiny_llama):
+    model, tokenizer = tiny_llama
+    ids = prompt(model, 30)
+
+    def kept(seed: int) -> list[list[int]]:
+        compressed = Compressor(model, tokenizer, make_press("random", seed=seed), budget=8).compress(ids)
+        return [index.tolist() for index in compressed.kept]
+
+    assert kept(3) == kept(3) != kept(4)
+
+
+def test_oracle_scores_the_full_cache_answer(tiny_model):
+    """s_GT of the answer ``model.generate`` gives, from eager attention rows of the response queries."""
+    model, tokenizer = tiny_model
+    ids = prompt(model, 30)
+    answer = model.generate(ids, max_new_tokens=6, do_sample=False)
+    compressed = Compressor(model, tokenizer, make_press("oracle", response_tokens=6), budget=8).compress(ids)
+    want = eager_reference(model, answer, num_keys=30, first_query=30)
+    torch.testing.assert_close(compressed.scores[0], want, atol=1e-5, rtol=0)
+
+
+def test_lookahead_tokens_never_reach_decoding(tiny_llama, make_tiny_model, tmp_path):
+    model, tokenizer = tiny_llama
+    ids = prompt(model, 30)
+    press = build_press("lookaheadkv", model)
+    compressed = Compressor(model, tokenizer, press, budget=8).compress(ids)
+    assert [layer.keys.shape[2] for layer in compressed.cache.layers] == [8] * 3
+    cache, _ = prefill(press.adapter.model, ids)
+    torch.testing.assert_close(compressed.scores, press.adapter.predict(cache, 30), atol=0, rtol=0)
+    assert cache.get_seq_length() == 30
+
+    # An exported folder loaded on a fresh copy of the base model scores the same.
+    press.adapter.save(tmp_path / "adapter")
+    fresh, _ = make_tiny_model("llama")
+    loaded = LookaheadKVPress.from_folder(tmp_path / "adapter", fresh)
+    again = Compressor(fresh, tokenizer, loaded, budget=8).compress(ids)
+    torch.testing.assert_close(again.scores, compressed.scores, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="another model"):
+        Compressor(model, tokenizer, loaded, budget=8).compress(ids)
+
+
+class _LeakyPress(Press):
+    """Appends a token to the cache while scoring and forgets to crop it."""
+
+    name = "leaky"
+
+    def score(self, ctx: PressContext) -> torch.Tensor:
+        ctx.model(input_ids=ctx.prompt_ids[:, :1], cache=ctx.cache, use_cache=True)
+        config = ctx.model.config
+        return torch.rand(1, config.num_hidden_layers, config.num_key_value_heads, ctx.prompt_len)
+
+
+def test_a_press_that_leaves_its_tokens_in_the_cache_is_refused(tiny_llama):
+    model, tokenizer = tiny_llama
+    with pytest.raises(RuntimeError, match="must crop"):
+        Compressor(model, tokenizer, _LeakyPress(), budget=8).compress(prompt(model, 20))
+
+
+def test_unknown_method_lists_the_known_ones():
+    with pytest.raises(ValueError, match="snapkv"):
+        make_press("nope")
