@@ -85,13 +85,17 @@ class ImportanceCapture:
         key32 = key.float()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * k_len))
         total = None
-        for start in range(first, q_len, chunk):
-            stop = min(start + chunk, q_len)
-            logits = torch.einsum("bkgqd,bknd->bkgqn", grouped[:, :, :, start:stop].float(), key32) * scaling
-            logits = _apply_mask(logits, attention_mask, start, stop, q_len, k_len)
-            probs = torch.softmax(logits, dim=-1)[..., : self.num_keys]
-            part = probs.sum(dim=(2, 3))
-            total = part if total is None else total + part
+        # fp32 rows even under bf16 autocast: the scores of ~S keys are ~1/S each and feed a KL loss.
+        with torch.autocast(query.device.type, enabled=False):
+            for start in range(first, q_len, chunk):
+                stop = min(start + chunk, q_len)
+                logits = (
+                    torch.einsum("bkgqd,bknd->bkgqn", grouped[:, :, :, start:stop].float(), key32) * scaling
+                )
+                logits = _apply_mask(logits, attention_mask, start, stop, q_len, k_len)
+                probs = torch.softmax(logits, dim=-1)[..., : self.num_keys]
+                part = probs.sum(dim=(2, 3))
+                total = part if total is None else total + part
         previous = self._sums.get(layer_idx)
         self._sums[layer_idx] = total if previous is None else previous + total
 

@@ -102,3 +102,17 @@ def test_missing_capture_is_a_clear_error():
         ImportanceCapture(num_keys=4).scores()
     with pytest.raises(ValueError, match="num_keys"):
         ImportanceCapture(num_keys=0)
+
+
+def test_capture_stays_fp32_under_bf16_autocast(tiny_llama):
+    model, _ = tiny_llama
+    ids = torch.randint(0, model.config.vocab_size, (1, 24))
+    plain = ImportanceCapture(num_keys=24, last_queries=4)
+    prefill(model, ids, lkv_capture=plain)
+    autocast = ImportanceCapture(num_keys=24, last_queries=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, lkv_capture=autocast, logits_to_keep=1)
+    scores = autocast.scores()
+    assert scores.dtype == torch.float32
+    # the model itself ran in bf16, so only the rows' arithmetic is fp32: close, not equal
+    torch.testing.assert_close(scores, plain.scores(), atol=2e-2, rtol=0)

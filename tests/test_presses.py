@@ -202,3 +202,9 @@ def test_a_press_that_leaves_its_tokens_in_the_cache_is_refused(tiny_llama):
 def test_unknown_method_lists_the_known_ones():
     with pytest.raises(ValueError, match="snapkv"):
         make_press("nope")
+
+
+def test_snapkv_on_a_prompt_no_longer_than_its_window():
+    scores = torch.rand(1, 2, 3, 20)
+    assert torch.isinf(snapkv_scores(scores, window=32)).all()
+    assert torch.isinf(snapkv_scores(scores, window=20)).all()

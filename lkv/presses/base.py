@@ -81,7 +81,7 @@ def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.T
         kernel: odd window size; 1 returns ``scores`` unchanged.
         mode: ``"max"`` or ``"avg"``.
     """
-    if kernel <= 1:
+    if kernel <= 1 or scores.shape[-1] == 0:
         return scores
     if kernel % 2 == 0:
         raise ValueError(f"pooling kernel must be odd, got {kernel}")
