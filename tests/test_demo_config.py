@@ -1,0 +1,155 @@
+"""Every eval suite and the demo config parse with their verbs' parsers (no weights loaded), and `lkv demo`
+runs its stages in order, reuses what earlier runs left and writes the timing table into the report."""
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+import lkv.assets
+import lkv.evaluate
+import lkv.export
+import lkv.labeling_cli
+import lkv.module
+import lkv.training_cli
+from lkv.benchmarks import Benchmark, ImportanceTask
+from lkv.cli import main as lkv_main
+from lkv.demo import demo, eval_arguments, fit_config
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
+DEMO_CONFIG = ROOT / "configs" / "demo" / "smollm2_135m.yaml"
+
+
+def header_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.startswith("#")]
+
+
+def test_the_suites_are_found():
+    names = {p.stem for p in EVAL_CONFIGS}
+    assert {"default", "niah", "ruler", "code", "fidelity", "importance", "longbench"} <= names
+
+
+@pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: p.name)
+def test_eval_config_parses_and_builds_its_tasks(path, capsys):
+    relative = path.relative_to(ROOT)
+    assert any(f"lkv eval --config {relative}" in line for line in header_lines(path)), "no exact command"
+    assert any("Hardware" in line for line in header_lines(path)), "no Hardware line"
+    with pytest.raises(SystemExit) as exit_info:
+        lkv_main(["eval", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["tasks"] and printed["methods"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_function_arguments(lkv.evaluate.evaluate)
+    built = parser.instantiate(parser.parse_args(["--config", str(path)]))
+    assert all(isinstance(task, Benchmark) for task in built.tasks)
+    assert len(built.tasks) == len(yaml.safe_load(path.read_text())["tasks"])
+
+
+def test_demo_config_parses(capsys):
+    relative = DEMO_CONFIG.relative_to(ROOT)
+    assert any(f"lkv demo --config {relative}" in line for line in header_lines(DEMO_CONFIG))
+    assert any("Hardware" in line for line in header_lines(DEMO_CONFIG))
+    with pytest.raises(SystemExit) as exit_info:
+        lkv_main(["demo", "--config", str(DEMO_CONFIG), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (ROOT / printed["eval_config"]).is_file() and (ROOT / printed["train_config"]).is_file()
+    assert "demo" in (ROOT / "Makefile").read_text() and str(relative) in (ROOT / "Makefile").read_text()
+
+
+def test_fit_config_redirects_the_recipe_and_still_parses(tmp_path, monkeypatch, capsys):
+    config = fit_config("configs/smollm2_135m.yaml", tmp_path / "labels", tmp_path / "out", max_epochs=2)
+    assert config["data"]["train"] == str(tmp_path / "labels" / "train")
+    assert config["data"]["val"] == str(tmp_path / "labels" / "heldout")
+    assert config["trainer"]["max_epochs"] == 2
+    assert config["trainer"]["logger"]["init_args"]["save_dir"] == str(tmp_path / "out" / "tensorboard")
+    (checkpoint,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    assert checkpoint["init_args"]["dirpath"] == str(tmp_path / "out" / "fit" / "checkpoints")
+    recipe = yaml.safe_load((ROOT / "configs" / "smollm2_135m.yaml").read_text())
+    assert config["model"] == recipe["model"]  # the method's settings are the recipe's
+    path = tmp_path / "fit.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(lkv.module, "load_backbone", lambda *a, **k: pytest.fail("parsing loaded a model"))
+    with pytest.raises(SystemExit) as exit_info:
+        lkv.training_cli.lightning_main(["fit", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["max_epochs"] == 2
+
+
+def test_eval_arguments_point_the_importance_task_at_the_demo_labels(tmp_path):
+    arguments = eval_arguments(
+        str(ROOT / "configs" / "eval" / "default.yaml"),
+        tmp_path,
+        tmp_path / "adapter",
+        tmp_path / "held",
+        "t",
+    )
+    (importance,) = [t for t in arguments["tasks"] if isinstance(t, ImportanceTask)]
+    assert importance.folder == str(tmp_path / "held")
+    assert arguments["output"] == str(tmp_path) and arguments["adapter"] == str(tmp_path / "adapter")
+    assert "lookaheadkv" in arguments["methods"] and {64, 128} <= set(arguments["budgets"])
+
+
+def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, capsys):
+    calls: list[str] = []
+    out = tmp_path / "report"
+
+    def fake_label(output, prompts, **kwargs):
+        calls.append(f"label {prompts.split} {prompts.num_prompts}")
+        return "labelled"
+
+    def fake_fit(args):
+        calls.append("fit")
+        config = yaml.safe_load(Path(args[2]).read_text())
+        folder = Path(config["trainer"]["callbacks"][0]["init_args"]["dirpath"])
+        folder.mkdir(parents=True)
+        (folder / "last.ckpt").write_text("weights")
+
+    def fake_export(ckpt, output):
+        calls.append(f"export {Path(ckpt).name}")
+        Path(output).mkdir(parents=True, exist_ok=True)
+
+    @functools.wraps(lkv.evaluate.evaluate)  # the demo parses its suite with evaluate's signature
+    def fake_evaluate(**arguments):
+        calls.append("eval")
+        row = {"task": "niah", "sample": "s", "method": "snapkv", "budget": "64", "setting": "aware"}
+        row |= {"score": 1.0, "metrics": {"string_match": 1.0}, "meta": {"length": 8, "depth": 0.5}}
+        with (Path(arguments["output"]) / "results.jsonl").open("a") as file:
+            file.write(json.dumps(row) + "\n")
+        return "evaluated"
+
+    monkeypatch.setattr(lkv.assets, "fetch_all", lambda: calls.append("assets"))
+    monkeypatch.setattr(lkv.labeling_cli, "label", fake_label)
+    monkeypatch.setattr(lkv.training_cli, "lightning_main", fake_fit)
+    monkeypatch.setattr(lkv.export, "export", fake_export)
+    monkeypatch.setattr(lkv.evaluate, "evaluate", fake_evaluate)
+    settings = {
+        "output": str(out),
+        "labels": str(tmp_path / "labels"),
+        "train_prompts": 3,
+        "heldout_prompts": 2,
+        "eval_config": str(ROOT / "configs" / "eval" / "default.yaml"),
+        "train_config": str(ROOT / "configs" / "smollm2_135m.yaml"),
+        "progress": False,
+    }
+    demo(**settings)
+    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval"]
+    report = (out / "report.md").read_text()
+    assert "| fit (" in report and "| **total** |" in report and "**niah**, question-aware" in report
+    assert (out / "fit.yaml").is_file() and (out / "plots" / "niah_aware.png").is_file()
+
+    calls.clear()
+    demo(**settings)  # the adapter exists: no training, results resume
+    assert calls == ["assets", "label train 3", "label heldout 2", "eval"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+
+    calls.clear()
+    demo(**settings, refit=True)  # a new adapter: the old results go
+    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval"]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1

@@ -1,0 +1,217 @@
+"""The `lkv eval` runner on a tiny model: outputs, resuming, and equivalence of its shared prefill with
+running each method on its own through the Compressor."""
+
+import json
+
+import pytest
+import torch
+
+import lkv.evaluate
+from lkv.backbone import model_signature
+from lkv.benchmarks import ImportanceTask, NeedleTask, encode_sample
+from lkv.data.shards import ShardWriter
+from lkv.evaluate import Evaluator, answer_importance, check_run, shared_prefill, with_protected
+from lkv.generation import eos_ids
+from lkv.inference import Compressor
+from lkv.labeling import label_prompt, make_meta
+from lkv.metrics import kendall_tau_b, topk_recall
+from lkv.presses import FullKVPress, OraclePress, PressContext, make_press
+
+FRACTION = 0.5  # four tiny essays: beta and gamma held out
+
+
+def needle(corpus, **kwargs) -> NeedleTask:
+    settings = {"lengths": (60,), "depths": (0.5,), "max_new_tokens": 3, "essays_dir": str(corpus[0])}
+    return NeedleTask(heldout_fraction=FRACTION, **{**settings, **kwargs})
+
+
+def read_rows(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+
+
+def test_runner_writes_reports_and_resumes_without_redoing_rows(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch
+):
+    model, tokenizer = tiny_llama
+    presses = {"snapkv": make_press("snapkv", window=4), "tova": make_press("tova")}
+    out = tmp_path / "eval"
+    rows = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
+        [needle(tiny_corpus)]
+    )
+    assert len(rows) == 2 * 2 * 2  # methods × budgets × settings, one sample (FullKV runs but is not listed)
+    keys = {(r["method"], r["budget"], r["setting"]) for r in read_rows(out)}
+    assert keys == {(m, b, s) for m in presses for b in ("8", "16") for s in ("aware", "agnostic")}
+    for row in rows:
+        assert row["kept_tokens"] == int(row["budget"]) and 0 < row["kv_fraction"] < 1
+        assert set(row["metrics"]) == {"string_match", "fullkv_f1"} and row["meta"]["depth"] == 0.5
+
+    from lkv.report import write_report
+
+    report = write_report(rows, out, title="tiny", methods=list(presses))
+    text = report.read_text()
+    assert "**niah**, question-aware" in text and "**niah**, question-agnostic" in text
+    assert "| snapkv |" in text and "| C=8 | C=16 |" in text
+    summary = (out / "summary.csv").read_text().splitlines()
+    assert summary[0].startswith("task,setting,method,budget,n,score") and len(summary) == 1 + 8
+    assert {p.name for p in (out / "plots").iterdir()} == {
+        "niah_aware.png",
+        "niah_agnostic.png",
+        "niah_heatmap_aware.png",
+        "niah_heatmap_agnostic.png",
+    }
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+    # Rerun: every row is done, so nothing is even prefilled.
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished sample was prefilled again")
+
+    monkeypatch.setattr(lkv.evaluate, "shared_prefill", refuse)
+    again = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False)
+    assert len(again.run([needle(tiny_corpus)])) == 8
+    monkeypatch.undo()
+
+    # Lose the last two rows and a half-written line (a killed run): exactly those rows are redone.
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:20])
+    calls = []
+    monkeypatch.setattr(
+        lkv.evaluate, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
+    )
+    redone = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
+        [needle(tiny_corpus)]
+    )
+    assert len(calls) == 1  # one (sample, setting) had missing rows
+    assert [r["prediction"] for r in redone[-2:]] == [json.loads(line)["prediction"] for line in lines[-2:]]
+    assert len({(r["method"], r["budget"], r["setting"]) for r in redone}) == 8
+
+
+WINDOWED = ("snapkv", "pyramidkv", "laq", "speckv")
+SCORED = ("snapkv", "pyramidkv", "h2o", "tova", "streamingllm", "laq", "speckv")
+
+
+def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
+    model, tokenizer = tiny_llama
+    presses = {m: make_press(m, **({"window": 4} if m in WINDOWED else {})) for m in SCORED}
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
+    shared = shared_prefill(model, ids, presses)
+    # one window capture serves the four windowed methods (they only read it), plus H2O's and TOVA's
+    assert len({id(c) for c in shared.captures.values() if c is not None}) == 3
+    for name in SCORED:  # in turn on the same cache: LAQ/SpecKV append tokens and must crop them again
+        ctx = PressContext(
+            model, ids, shared.cache, shared.next_logits, shared.captures[name], eos_ids(model, tokenizer)
+        )
+        alone = Compressor(model, tokenizer, presses[name]).score(ids).scores
+        torch.testing.assert_close(presses[name].score(ctx), alone, msg=name)
+
+
+@pytest.mark.parametrize("setting", ["aware", "agnostic"])
+def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_corpus, tmp_path, setting):
+    model, tokenizer = tiny_llama
+    presses = {"h2o": make_press("h2o", recent=2), "snapkv": make_press("snapkv", window=4)}
+    task = needle(tiny_corpus, max_new_tokens=4)
+    rows = Evaluator(model, tokenizer, presses, [12], [setting], tmp_path, progress=False).run([task])
+    (sample,) = task.samples(tokenizer)
+    context, question = encode_sample(sample, tokenizer)
+    for row in rows:
+        compressor = Compressor(model, tokenizer, presses[row["method"]], budget=12)
+        if setting == "aware":
+            expected = compressor.decode(compressor.compress(context + question), 4)
+        else:
+            expected = compressor.answer(compressor.compress(context), question, 4)
+        assert row["prediction"] == expected.text and row["answer_ids"] == expected.token_ids
+
+
+def test_oracle_is_the_registry_oracle_in_the_aware_setting(tiny_llama):
+    model, tokenizer = tiny_llama
+    ids = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(2))
+    full = Compressor(model, tokenizer, FullKVPress())
+    answer = full.decode(full.compress(ids), 5).token_ids
+    shared = shared_prefill(model, ids, {})
+    ours = answer_importance(model, shared.cache, 30, [], answer)
+    registry = Compressor(model, tokenizer, OraclePress(response_tokens=5)).score(ids).scores
+    torch.testing.assert_close(ours, registry)
+    assert shared.cache.get_seq_length() == 30  # cropped back
+
+
+def test_fullkv_and_oracle_rows_and_agreement(tiny_llama, tiny_corpus, tmp_path):
+    model, tokenizer = tiny_llama
+    presses = {"fullkv": FullKVPress(), "oracle": OraclePress(), "random": make_press("random")}
+    rows = Evaluator(model, tokenizer, presses, [8], ["agnostic"], tmp_path, progress=False).run(
+        [needle(tiny_corpus)]
+    )
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["fullkv"]["budget"] == "full" and by_method["fullkv"]["kv_fraction"] == 1.0
+    assert "fullkv_f1" not in by_method["fullkv"]["metrics"]
+    for method in ("oracle", "random"):
+        row = by_method[method]
+        same = row["prediction"] == by_method["fullkv"]["prediction"]
+        assert (row["metrics"]["fullkv_f1"] == 1.0) or not same
+
+
+def test_importance_rows_rank_each_method_against_the_labels(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    folder = tmp_path / "labels"
+    meta = make_meta(
+        model_signature(model, tokenizer, "tiny").to_dict(), 6, 64, "middle", "float32", True, "test"
+    )
+    writer = ShardWriter(folder, meta, shard_size=8)
+    for i in range(2):
+        prompt = torch.randint(3, 300, (24,), generator=torch.Generator().manual_seed(i)).tolist()
+        label = label_prompt(model, prompt, 6, eos_ids(model, tokenizer))
+        writer.add(id=f"p{i}", prompt_ids=prompt, response_ids=label.response_ids, scores=label.scores)
+    writer.flush()
+    presses = {
+        "fullkv": FullKVPress(),
+        "snapkv": make_press("snapkv", window=4),
+        "random": make_press("random"),
+    }
+    task = ImportanceTask(str(folder), budgets=(4, 8))
+    rows = Evaluator(model, tokenizer, presses, [8], ["aware"], tmp_path / "out", progress=False).run([task])
+    assert {(r["sample"], r["method"]) for r in rows} == {
+        (p, m) for p in ("p0", "p1") for m in ("snapkv", "random")
+    }
+    sample = next(task.samples())
+    compressor = Compressor(model, tokenizer, presses["snapkv"])
+    scores = with_protected(compressor.score(torch.tensor([sample.prompt_ids])).scores[0], presses["snapkv"])
+    row = next(r for r in rows if (r["sample"], r["method"]) == (sample.id, "snapkv"))
+    assert row["metrics"]["recall@4"] == pytest.approx(topk_recall(scores, sample.target, 4).mean().item())
+    assert row["metrics"]["kendall_tau"] == pytest.approx(kendall_tau_b(scores, sample.target).mean().item())
+    assert row["score"] == row["metrics"]["recall@4"]
+
+
+def test_with_protected_marks_kept_positions():
+    scores = torch.arange(6.0).view(1, 6)
+    assert with_protected(scores, make_press("streamingllm", sink=2)).tolist() == [
+        [float("inf")] * 2 + [2, 3, 4, 5]
+    ]
+    assert with_protected(scores, make_press("h2o", recent=1)).tolist() == [[0, 1, 2, 3, 4, float("inf")]]
+
+
+def test_a_folder_of_another_run_is_refused(tmp_path):
+    check_run(tmp_path, {"model": "m", "adapter": "aaa"})
+    check_run(tmp_path, {"model": "m", "adapter": "aaa"})  # same run: resumes
+    with pytest.raises(ValueError, match=r"another run \(differs in: adapter"):
+        check_run(tmp_path, {"model": "m", "adapter": "bbb"})
+
+
+def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setattr(lkv.evaluate, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.evaluate, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
+        lkv.evaluate.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
+    with pytest.raises(ValueError, match="press_args given for"):
+        lkv.evaluate.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
+
+
+@pytest.mark.slow
+def test_fullkv_finds_a_heldout_needle_on_smollm2(tmp_path):
+    from lkv.backbone import load_backbone
+
+    model, tokenizer = load_backbone("smollm2-135m")
+    presses = {"fullkv": FullKVPress(), "streamingllm": make_press("streamingllm")}
+    task = NeedleTask(lengths=(1024,), depths=(0.5,), max_new_tokens=12)
+    rows = Evaluator(model, tokenizer, presses, [64], ["aware"], tmp_path, progress=False).run([task])
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["fullkv"]["score"] == 1.0, by_method["fullkv"]["prediction"]
+    # 64 recent tokens hold only the question, not the needle in the middle of the haystack
+    assert by_method["streamingllm"]["score"] == 0.0
