@@ -26,6 +26,7 @@ from lkv.decoding import (
     ScissorhandsDecode,
     make_method,
     page_bounds,
+    page_summaries,
 )
 from lkv.generation import decode, greedy, prefill
 from lkv.inference import Compressor
@@ -383,11 +384,25 @@ def test_quest_attends_to_the_pages_a_reference_picks(tiny_model, page_size, bud
 def test_page_bounds_bound_every_logit_of_their_page():
     generator = torch.Generator().manual_seed(0)
     query, key = torch.randn(1, 4, 8, generator=generator), torch.randn(1, 2, 23, 8, generator=generator)
-    bound = page_bounds(query, key, page_size=5)
+    bound = page_bounds(query, *page_summaries(key, page_size=5))
     logits = torch.einsum("bkgd,bknd->bkgn", query.view(1, 2, 2, 8), key).reshape(1, 4, 23)
+    assert bound.shape == (1, 4, 5)
     for page in range(5):
-        assert (bound[..., page] >= logits[..., page * 5 : page * 5 + 5].amax(-1) - 1e-6).all()
-    torch.testing.assert_close(page_bounds(query, key, page_size=1), logits)
+        assert (bound[..., page] >= logits[..., page * 5 : page * 5 + 5].amax(-1) - 1e-5).all()
+    torch.testing.assert_close(page_bounds(query, *page_summaries(key, page_size=1)), logits)
+
+
+def test_quest_page_summaries_grow_with_the_cache(tiny_llama):
+    model, tokenizer = tiny_llama
+    upkeep = QuestAttention(budget=8, page_size=4).begin(
+        model, prefill(model, prompt(model, 9))[0], DecodeStart(9)
+    )
+    key = torch.randn(1, 2, 30, 16)
+    for length in (9, 10, 12, 13, 30):  # partial, partial, full, partial, skipping several pages
+        for got, want in zip(
+            upkeep.summaries(0, key[:, :, :length]), page_summaries(key[:, :, :length], 4), strict=True
+        ):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_quest_leaves_the_first_layers_dense_and_fails_loudly_without_its_wrapper(tiny_llama):

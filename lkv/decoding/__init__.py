@@ -18,7 +18,7 @@ from lkv.decoding.base import CacheTrace, DecodePolicy, DecodeStart, EvictionPol
 from lkv.decoding.capture import AttentionRows
 from lkv.decoding.h2o import H2ODecode
 from lkv.decoding.methods import DECODE_METHODS, DecodeTimePress, make_method
-from lkv.decoding.quest import QuestAttention, page_bounds
+from lkv.decoding.quest import QuestAttention, page_bounds, page_summaries
 from lkv.decoding.scissorhands import ScissorhandsDecode, ScissorhandsPress, unimportant
 from lkv.decoding.sparse_attention import SPARSE_KWARG, install_sparse_attention
 
@@ -40,5 +40,6 @@ __all__ = [
     "install_sparse_attention",
     "make_method",
     "page_bounds",
+    "page_summaries",
     "unimportant",
 ]
