@@ -41,9 +41,10 @@ from lkv.benchmarks import Benchmark, ImportanceTask, Sample, Task, encode_sampl
 from lkv.benchmarks.importance import NOT_RANKED
 from lkv.benchmarks.metrics import answer_agreement
 from lkv.compression import cache_bytes
+from lkv.decoding import make_method
 from lkv.generation import crop_to, prefill
 from lkv.inference import Compressor, Generation, ScoredPrompt, load_lookahead
-from lkv.presses import FullKVPress, OraclePress, Press, PressContext, make_press
+from lkv.presses import FullKVPress, OraclePress, Press, PressContext
 from lkv.report import FULL, NO_BUDGET, write_report
 
 SETTINGS = ("aware", "agnostic")
@@ -58,6 +59,9 @@ DEFAULT_METHODS = (
     "h2o",
     "tova",
     "random",
+    "h2o-decode",
+    "scissorhands",
+    "quest",
 )
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -118,15 +122,15 @@ class Prefilled:
 def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str, Press]) -> Prefilled:
     """Prefill ``ids`` once with the captures of all ``presses``.
 
-    Presses asking for the same capture (same key count and query window) share one object: a press only
-    reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of their own).
+    Presses asking for the same capture (same kind, key count and query window) share one object: a press
+    only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of their own).
     """
-    unique: dict[tuple[int, int | None], ImportanceCapture] = {}
+    unique: dict[tuple[type, int, int | None], ImportanceCapture] = {}
     captures: dict[str, ImportanceCapture | None] = {}
     for name, press in presses.items():
         capture = press.prefill_capture(ids.shape[1])
         if capture is not None:
-            capture = unique.setdefault((capture.num_keys, capture.last_queries), capture)
+            capture = unique.setdefault((type(capture), capture.num_keys, capture.last_queries), capture)
         captures[name] = capture
     kwargs = {"lkv_capture": list(unique.values())} if unique else {}
     start = time.perf_counter()
@@ -429,8 +433,9 @@ def evaluate(
 
     Args:
         tasks: benchmarks, e.g. ``[{class_path: lkv.benchmarks.NeedleTask, init_args: {lengths: [1024]}}]``.
-        methods: eviction methods (fullkv, oracle, lookaheadkv, snapkv, pyramidkv, streamingllm, h2o, tova,
-            random).
+        methods: eviction methods: fullkv, oracle, lookaheadkv, snapkv, pyramidkv, streamingllm, h2o, tova,
+            random, laq, speckv (once after prefill) and h2o-decode, scissorhands, quest (acting while
+            decoding; :mod:`lkv.decoding`).
         budgets: KV entries kept per head: whole numbers of tokens (paper) or ratios of the prompt in (0, 1].
         settings: ``aware`` (question inside the compressed prompt, as in the paper) and/or ``agnostic``
             (context compressed before the question is appended).
@@ -478,7 +483,7 @@ def evaluate(
         elif method == "oracle":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
         else:
-            presses[method] = make_press(method, **press_args.get(method, {}))
+            presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
     evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress)
     rows = evaluator.run(tasks)

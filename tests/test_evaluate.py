@@ -10,6 +10,7 @@ import lkv.evaluate
 from lkv.backbone import model_signature
 from lkv.benchmarks import ImportanceTask, NeedleTask, encode_sample
 from lkv.data.shards import ShardWriter
+from lkv.decoding import make_method
 from lkv.evaluate import Evaluator, answer_importance, check_run, shared_prefill, with_protected
 from lkv.generation import eos_ids
 from lkv.inference import Compressor
@@ -92,11 +93,13 @@ SCORED = ("snapkv", "pyramidkv", "h2o", "tova", "streamingllm", "laq", "speckv")
 def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
     model, tokenizer = tiny_llama
     presses = {m: make_press(m, **({"window": 4} if m in WINDOWED else {})) for m in SCORED}
+    presses["scissorhands"] = make_method("scissorhands", history=4)
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     shared = shared_prefill(model, ids, presses)
-    # one window capture serves the four windowed methods (they only read it), plus H2O's and TOVA's
-    assert len({id(c) for c in shared.captures.values() if c is not None}) == 3
-    for name in SCORED:  # in turn on the same cache: LAQ/SpecKV append tokens and must crop them again
+    # one window capture serves the four windowed methods (they only read it), plus H2O's and TOVA's, plus
+    # Scissorhands' per-query rows over the same 4-query window (another kind of capture, never merged)
+    assert len({id(c) for c in shared.captures.values() if c is not None}) == 4
+    for name in presses:  # in turn on the same cache: LAQ/SpecKV append tokens and must crop them again
         ctx = PressContext(
             model, ids, shared.cache, shared.next_logits, shared.captures[name], eos_ids(model, tokenizer)
         )
@@ -107,7 +110,13 @@ def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
 @pytest.mark.parametrize("setting", ["aware", "agnostic"])
 def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_corpus, tmp_path, setting):
     model, tokenizer = tiny_llama
-    presses = {"h2o": make_press("h2o", recent=2), "snapkv": make_press("snapkv", window=4)}
+    presses = {
+        "h2o": make_press("h2o", recent=2),
+        "snapkv": make_press("snapkv", window=4),
+        "h2o-decode": make_method("h2o-decode", every=1),
+        "scissorhands": make_method("scissorhands", history=4, every=2),
+        "quest": make_method("quest", page_size=4),
+    }
     task = needle(tiny_corpus, max_new_tokens=4)
     rows = Evaluator(model, tokenizer, presses, [12], [setting], tmp_path, progress=False).run([task])
     (sample,) = task.samples(tokenizer)

@@ -23,6 +23,7 @@ NOT_RANKED = {
     "fullkv": "keeps everything",
     "oracle": "is the ground truth itself",
     "pyramidkv": "ranks like SnapKV (only its per-layer budgets differ)",
+    "quest": "evicts nothing (it selects pages of the full cache at every decoding step)",
 }
 
 
