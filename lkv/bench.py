@@ -150,16 +150,13 @@ class Workbench:
         return torch.softmax(logits, dim=-1).to(self.device)
 
     def press(self, method: str) -> Press:
-        from lkv.presses.laq import LAQPress
-        from lkv.presses.speckv import SpecKVPress
-
         s = self.settings
         if method == "lookaheadkv":
             return LookaheadKVPress(self.lookahead)
-        if method == "laq":
-            return LAQPress(draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
+        if method == "laq":  # its SnapKV-compressed draft cache keeps the eviction budget, as in the paper
+            return make_press(method, draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
         if method == "speckv":
-            return SpecKVPress(draft_layers=s.draft_layers, num_tokens=s.draft_tokens, window=s.window)
+            return make_press(method, draft_layers=s.draft_layers, num_tokens=s.draft_tokens, window=s.window)
         if method in ("snapkv", "pyramidkv"):
             return make_press(method, window=s.window)
         return make_press(method)
@@ -299,6 +296,7 @@ def _measure_length(
                 raise
             cases.pop(variant, None)
             failed[variant] = "out of memory"
+        if variant in failed:  # outside the handler, whose traceback still holds the failed run's tensors
             torch.cuda.empty_cache()
     timings = time_interleaved(cases, repeats, warmup, device) if cases else Timings({}, {})
     out: dict[str, Any] = {}

@@ -129,7 +129,7 @@ def test_budget_above_total_length_equals_plain_greedy(tiny_model, method):
 )
 def test_cache_never_exceeds_the_budget_during_a_long_generation(tiny_llama, method, every):
     model, tokenizer = tiny_llama
-    budget, steps = 12, 80
+    budget, steps = 12, 60
     compressor = build(model, tokenizer, method, budget)
     assert compressor.decode_policy.every == every
     ids = prompt(model)
