@@ -9,6 +9,7 @@ machine's load average are printed and written at the top of the report.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -103,6 +104,55 @@ def eval_arguments(
     return {k: v for k, v in vars(instantiated).items() if k != "config"}
 
 
+TRACE_FILE = "cache_lengths.json"
+
+
+def cache_length_section(adapter: Path, out: Path, budget: int, max_new_tokens: int) -> list[str]:
+    """Cache length over one long generation per method (LookaheadKV alone and with H2O upkeep, the
+    decode-time methods, FullKV): ``out/cache_lengths.json`` (reused when present), a plot in
+    ``out/plots/`` and the report's markdown lines."""
+    from lkv.benchmarks.text import HeldoutEssays
+    from lkv.decoding import H2ODecode
+    from lkv.decoding.trace import cache_length_traces, plot_cache_lengths
+    from lkv.inference import Compressor, load_lookahead
+
+    path = out / TRACE_FILE
+    if path.is_file():
+        traces = json.loads(path.read_text())
+    else:
+        model, tokenizer, lookahead = load_lookahead(str(adapter))
+        essay = " ".join(s.text for s in HeldoutEssays(tokenizer).take(1000, start=0))
+        request = f"{essay}\n\nRetell the text above in detail, paragraph by paragraph."
+        compressors = {
+            "fullkv": Compressor(model, tokenizer, "fullkv"),
+            "lookaheadkv": Compressor(model, tokenizer, lookahead, budget),
+            "lookaheadkv+h2o": Compressor(
+                model, tokenizer, lookahead, budget, decode_policy=H2ODecode(every=16)
+            ),
+            **{m: Compressor(model, tokenizer, m, budget) for m in ("h2o-decode", "scissorhands", "quest")},
+        }
+        traces = cache_length_traces(compressors, request, max_new_tokens)
+        path.write_text(json.dumps(traces))
+    title = f"~1000-token held-out essay, {max_new_tokens} generated tokens, budget {budget}"
+    plot = plot_cache_lengths(traces, budget, out / "plots" / "cache_length.png", title)
+    lines = [
+        f"## Cache length over a {max_new_tokens}-token generation",
+        "",
+        "Entries per KV head (the most any layer holds) before decoding, at the peak and at the end; EOS "
+        "ignored. Prefill-only methods grow by one entry per token; decode-time eviction stays at the budget "
+        "(`lookaheadkv+h2o`: LookaheadKV at prefill, H2O upkeep every 16 tokens); Quest keeps the full cache "
+        "and attends to at most the budget.",
+        "",
+        "| method | after prefill | peak | end |",
+        "|---|---:|---:|---:|",
+        *(f"| {m} | {t[0]} | {max(t)} | {t[-1]} |" for m, t in traces.items()),
+        "",
+        f"![cache length](plots/{plot.name})",
+        "",
+    ]
+    return lines
+
+
 def demo(
     output: str = "reports/demo",
     labels: str = "data/labels/demo",
@@ -116,6 +166,8 @@ def demo(
     max_epochs: int | None = None,
     eval_config: str = "configs/eval/default.yaml",
     refit: bool = False,
+    trace_tokens: int = 512,
+    trace_budget: int = 128,
     progress: bool = True,
 ) -> str:
     """Label → fit → export → eval on the embedded SmolLM2-135M-Instruct, then write a report folder.
@@ -134,6 +186,8 @@ def demo(
         max_epochs: override the recipe's epochs.
         eval_config: ``lkv eval`` suite (output, adapter and importance labels are set by the demo).
         refit: train again even when ``output/adapter`` exists (its old results are discarded).
+        trace_tokens: length of the generation whose cache length per method the report plots (0: none).
+        trace_budget: eviction budget of that generation.
         progress: show progress bars.
     """
     from lkv import assets
@@ -172,7 +226,7 @@ def demo(
         # importance benchmark's, and choosing on them would flatter LookaheadKV there.
         last = out / "fit" / "checkpoints" / "last.ckpt"
         clock.run("export adapter", lambda: export(str(last), str(adapter)))
-        for stale in (RESULTS_FILE, RUN_FILE):  # results of an earlier adapter
+        for stale in (RESULTS_FILE, RUN_FILE, TRACE_FILE):  # results of an earlier adapter
             (out / stale).unlink(missing_ok=True)
     else:
         print(f"lkv demo: reusing the adapter in {adapter} (pass --refit true to train again)")
@@ -180,12 +234,20 @@ def demo(
     arguments = eval_arguments(eval_config, out, adapter, label_root / "heldout", title)
     arguments["progress"] = progress
     clock.run("eval", lambda: evaluate(**arguments))
+    trace = []
+    if trace_tokens > 0:
+        trace = clock.run(
+            f"cache length over a {trace_tokens}-token generation",
+            lambda: cache_length_section(adapter, out, trace_budget, trace_tokens),
+        )
     rows = ResultsFile(out / RESULTS_FILE).rows
     notes = [
         f"Made by `lkv demo` (eval suite `{eval_config}`, training recipe `{train_config}`); wall times on "
         f"this machine ({os.cpu_count()} CPUs):",
         "",
         *clock.table(),
+        "",
+        *trace,
     ]
     report = write_report(rows, out, title=title, methods=arguments["methods"], notes=notes)
     print("\n".join(["", *clock.table(), ""]))

@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import matplotlib
+from niah_smoke import PRESS_ARGS, needle_prompt  # (run as a script: scripts/ is on sys.path)
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from niah_smoke import PRESS_ARGS, needle_prompt  # noqa: E402  (run as a script: scripts/ is on sys.path)
-
-from lkv.backbone import load_backbone  # noqa: E402
-from lkv.decoding import make_method  # noqa: E402
-from lkv.inference import Compressor  # noqa: E402
+from lkv.backbone import load_backbone
+from lkv.decoding import make_method
+from lkv.decoding.trace import cache_length_traces, plot_cache_lengths
+from lkv.inference import Compressor
 
 PREFILL_ONLY = ["fullkv", "streamingllm", "snapkv", "h2o", "tova"]
 DECODE_TIME = ["h2o-decode", "scissorhands", "quest"]
@@ -48,30 +45,14 @@ def cache(args: argparse.Namespace) -> None:
     model, tokenizer = load_backbone(args.model)
     context, _, _ = needle_prompt(tokenizer, args.tokens, 0.5)
     request = f"{context}\n\nRetell the text above in detail, paragraph by paragraph."
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name in args.methods:
-        compressor = Compressor(model, tokenizer, name, budget=args.budget)
-        compressor.eos_token_ids = []  # generate all max_new_tokens, whatever the model would do
-        start = time.perf_counter()
-        out = compressor.generate(request, max_new_tokens=args.max_new_tokens)
-        lengths = out.cache_lengths
-        print(
-            f"{name:<14} prompt {out.prompt_tokens}, kept {lengths[0]}, peak {max(lengths)}, last {lengths[-1]} "
-            f"entries per head; decode {out.decode_s / len(out.token_ids) * 1000:.0f} ms/token "
-            f"({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-        style = {"linestyle": "--"} if name == "quest" else {}
-        label = f"{name} (attends to ≤{args.budget})" if name == "quest" else name
-        ax.plot(range(len(lengths)), lengths, label=label, **style)
-    ax.axhline(args.budget, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("generated tokens")
-    ax.set_ylabel("cached entries per KV head (max over layers)")
-    ax.set_title(f"{args.model}: ~{args.tokens}-token prompt, budget {args.budget}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
+    compressors = {name: Compressor(model, tokenizer, name, budget=args.budget) for name in args.methods}
+    start = time.perf_counter()
+    traces = cache_length_traces(compressors, request, args.max_new_tokens)
+    for name, lengths in traces.items():
+        print(f"{name:<14} kept {lengths[0]}, peak {max(lengths)}, last {lengths[-1]} entries per head")
+    title = f"{args.model}: ~{args.tokens}-token prompt, budget {args.budget}"
+    path = plot_cache_lengths(traces, args.budget, args.out, title)
+    print(f"wrote {path} ({time.perf_counter() - start:.0f} s)")
 
 
 def main() -> None:

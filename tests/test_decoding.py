@@ -28,6 +28,7 @@ from lkv.decoding import (
     page_bounds,
     page_summaries,
 )
+from lkv.decoding.trace import cache_length_traces, plot_cache_lengths
 from lkv.generation import decode, greedy, prefill
 from lkv.inference import Compressor
 from lkv.lookahead import LookaheadAdapter
@@ -487,3 +488,20 @@ def test_decode_time_methods_on_the_embedded_model():
     bounded.eos_token_ids = []
     out = bounded.generate(text, max_new_tokens=48)
     assert len(out.token_ids) == 48 and out.cache_lengths[0] == 64 and max(out.cache_lengths) == 64
+
+
+def test_cache_length_traces_run_past_eos_and_plot(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    ids = prompt(model)
+    budget, steps = 12, 20
+    compressors = {m: build(model, tokenizer, m, budget) for m in ("fullkv", "h2o-decode")}
+    compressors["snapkv"] = Compressor(model, tokenizer, make_method("snapkv", window=4), budget=budget)
+    for compressor in compressors.values():  # every token would end the answer, if EOS were honoured
+        compressor.eos_token_ids = list(range(model.config.vocab_size))
+    traces = cache_length_traces(compressors, ids, steps)
+    assert traces["fullkv"] == list(range(PROMPT_LEN, PROMPT_LEN + steps))
+    assert traces["snapkv"] == list(range(budget, budget + steps))  # prefill-only: grows by one per token
+    assert len(traces["h2o-decode"]) == steps and max(traces["h2o-decode"]) <= budget
+    assert compressors["fullkv"].eos_token_ids  # the callers' compressors are left as they were
+    path = plot_cache_lengths(traces, budget, tmp_path / "plots" / "trace.png", "tiny")
+    assert path.stat().st_size > 0

@@ -10,6 +10,7 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 import lkv.assets
+import lkv.demo
 import lkv.evaluate
 import lkv.export
 import lkv.labeling_cli
@@ -129,6 +130,9 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     monkeypatch.setattr(lkv.training_cli, "lightning_main", fake_fit)
     monkeypatch.setattr(lkv.export, "export", fake_export)
     monkeypatch.setattr(lkv.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(
+        lkv.demo, "cache_length_section", lambda *a: calls.append("trace") or ["## Cache length (fake)"]
+    )
     settings = {
         "output": str(out),
         "labels": str(tmp_path / "labels"),
@@ -139,17 +143,18 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
         "progress": False,
     }
     demo(**settings)
-    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval"]
+    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval", "trace"]
     report = (out / "report.md").read_text()
     assert "| fit (" in report and "| **total** |" in report and "**niah**, question-aware" in report
+    assert "## Cache length (fake)" in report
     assert (out / "fit.yaml").is_file() and (out / "plots" / "niah_aware.png").is_file()
 
     calls.clear()
     demo(**settings)  # the adapter exists: no training, results resume
-    assert calls == ["assets", "label train 3", "label heldout 2", "eval"]
+    assert calls == ["assets", "label train 3", "label heldout 2", "eval", "trace"]
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
 
     calls.clear()
     demo(**settings, refit=True)  # a new adapter: the old results go
-    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval"]
+    assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval", "trace"]
     assert len((out / "results.jsonl").read_text().splitlines()) == 1
