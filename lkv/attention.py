@@ -68,7 +68,25 @@ class ImportanceCapture:
                 ``(batch|1, 1|heads, Q, K)`` mask (True = may attend) or an additive float one.
             scaling: the softmax temperature the layer uses (usually ``head_dim ** -0.5``).
         """
-        batch, heads, q_len, head_dim = query.shape
+        first = self.first_query(layer_idx, query, key)
+        batch, heads, q_len = query.shape[:3]
+        key32 = key.float()
+        chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
+        total = None
+        for start in range(first, q_len, chunk):
+            probs = grouped_attention(query, key32, attention_mask, scaling, start, min(start + chunk, q_len))
+            part = probs[..., : self.num_keys].sum(dim=(2, 3))
+            total = part if total is None else total + part
+        previous = self._sums.get(layer_idx)
+        self._sums[layer_idx] = total if previous is None else previous + total
+
+    def first_query(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> int:
+        """Index of the first block query this capture reduces, once the shapes are checked.
+
+        Args:
+            query: ``(batch, heads, Q, head_dim)``; key: ``(batch, kv_heads, K, head_dim)``.
+        """
+        heads, q_len = query.shape[1], query.shape[2]
         kv_heads, k_len = key.shape[1], key.shape[2]
         if heads % kv_heads:
             raise ValueError(
@@ -78,26 +96,7 @@ class ImportanceCapture:
             raise ValueError(
                 f"layer {layer_idx}: cache holds {k_len} keys, fewer than num_keys={self.num_keys}"
             )
-        group = heads // kv_heads
-        first = 0 if self.last_queries is None else max(q_len - self.last_queries, 0)
-        # (batch, kv_heads, group, Q, d): query heads of one GQA group share a KV head.
-        grouped = query.reshape(batch, kv_heads, group, q_len, head_dim)
-        key32 = key.float()
-        chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * k_len))
-        total = None
-        # fp32 rows even under bf16 autocast: the scores of ~S keys are ~1/S each and feed a KL loss.
-        with torch.autocast(query.device.type, enabled=False):
-            for start in range(first, q_len, chunk):
-                stop = min(start + chunk, q_len)
-                logits = (
-                    torch.einsum("bkgqd,bknd->bkgqn", grouped[:, :, :, start:stop].float(), key32) * scaling
-                )
-                logits = _apply_mask(logits, attention_mask, start, stop, q_len, k_len)
-                probs = torch.softmax(logits, dim=-1)[..., : self.num_keys]
-                part = probs.sum(dim=(2, 3))
-                total = part if total is None else total + part
-        previous = self._sums.get(layer_idx)
-        self._sums[layer_idx] = total if previous is None else previous + total
+        return 0 if self.last_queries is None else max(q_len - self.last_queries, 0)
 
     @property
     def layers(self) -> list[int]:
@@ -120,6 +119,34 @@ class ImportanceCapture:
             raise RuntimeError(f"captured layers {self.layers}, expected 0..{num_layers - 1}")
         stacked = torch.stack([self._sums[i] for i in self.layers], dim=1)
         return stacked / stacked.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(stacked.dtype).tiny)
+
+
+def grouped_attention(
+    query: torch.Tensor,
+    key32: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """fp32 softmax attention of block queries ``start:stop`` on every key, per GQA group.
+
+    Args:
+        query: ``(batch, heads, Q, head_dim)`` after RoPE; the block is the tail of the cache.
+        key32: ``(batch, kv_heads, K, head_dim)`` float32 keys, the whole cache.
+        attention_mask: as in :meth:`ImportanceCapture.observe`.
+
+    Returns:
+        ``(batch, kv_heads, group, stop - start, K)``: the query heads of one GQA group share a KV head.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, k_len = key32.shape[1], key32.shape[2]
+    grouped = query[:, :, start:stop].reshape(batch, kv_heads, heads // kv_heads, stop - start, head_dim)
+    # fp32 rows even under bf16 autocast: the scores of ~S keys are ~1/S each and feed a KL loss.
+    with torch.autocast(query.device.type, enabled=False):
+        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key32) * scaling
+        logits = _apply_mask(logits, attention_mask, start, stop, q_len, k_len)
+        return torch.softmax(logits, dim=-1)
 
 
 def _apply_mask(

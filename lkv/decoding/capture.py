@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from lkv.attention import ImportanceCapture, _apply_mask
+from lkv.attention import ImportanceCapture, grouped_attention
 
 
 class AttentionRows(ImportanceCapture):
@@ -46,25 +46,12 @@ class AttentionRows(ImportanceCapture):
             raise RuntimeError(
                 f"layer {layer_idx} was observed twice: an AttentionRows capture serves one forward pass"
             )
-        batch, heads, q_len, head_dim = query.shape
-        kv_heads, k_len = key.shape[1], key.shape[2]
-        if heads % kv_heads:
-            raise ValueError(
-                f"layer {layer_idx}: {heads} query heads are not a multiple of {kv_heads} KV heads"
-            )
-        if k_len < self.num_keys:
-            raise ValueError(
-                f"layer {layer_idx}: cache holds {k_len} keys, fewer than num_keys={self.num_keys}"
-            )
-        group = heads // kv_heads
-        first = 0 if self.last_queries is None else max(q_len - self.last_queries, 0)
-        grouped = query[:, :, first:].reshape(batch, kv_heads, group, q_len - first, head_dim).float()
-        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped, key.float()) * scaling
-        logits = _apply_mask(logits, attention_mask, first, q_len, q_len, k_len)
-        rows = torch.softmax(logits, dim=-1).mean(dim=2)  # (batch, kv_heads, n, K)
+        first = self.first_query(layer_idx, query, key)
+        probs = grouped_attention(query, key.float(), attention_mask, scaling, first, query.shape[2])
+        rows = probs.mean(dim=2)  # (batch, kv_heads, n, K)
         self._rows[layer_idx] = rows
         # ImportanceCapture's sums: attention mass summed over queries and the group's heads.
-        sums = rows[..., : self.num_keys].sum(dim=2) * group
+        sums = probs[..., : self.num_keys].sum(dim=(2, 3))
         previous = self._sums.get(layer_idx)
         self._sums[layer_idx] = sums if previous is None else previous + sums
 
