@@ -9,6 +9,7 @@ an interruption finishes the set without duplicates or gaps.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader
 
-from lkv.backbone import DEFAULT_MODEL, load_backbone, model_signature
+from lkv.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
 from lkv.data.prompts import Prompt, PromptSource, render_prompt
 from lkv.data.shards import ShardWriter, finished_ids, read_meta, shard_files
 from lkv.generation import eos_ids
@@ -127,6 +128,19 @@ def _check_resumable(output: Path, **settings: Any) -> None:
             )
 
 
+def _check_labelled_by(folder: Path, model: str, dtype: str, attn_implementation: str) -> None:
+    """Fail unless ``folder``'s labels were made by ``model`` (loaded only when named differently)."""
+    expected = read_meta(folder).model
+    if expected.get("name") == model:
+        return
+    backbone, tokenizer = load_backbone(model, dtype=dtype, attn_implementation=attn_implementation)
+    check_compatible(
+        ModelSignature.from_dict(expected),
+        model_signature(backbone, tokenizer, model),
+        f"label folder {folder}",
+    )
+
+
 def label(
     output: str,
     prompts: PromptSource,
@@ -162,8 +176,13 @@ def label(
         accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
         progress: show a progress bar.
     """
-    if response_tokens <= 0 or max_prompt_tokens <= 0 or shard_size <= 0:
-        raise ValueError("response_tokens, max_prompt_tokens and shard_size must be positive")
+    for name, value in (
+        ("response_tokens", response_tokens),
+        ("max_prompt_tokens", max_prompt_tokens),
+        ("shard_size", shard_size),
+    ):
+        if value <= 0:
+            raise ValueError(f"--{name}: expected a positive number, found {value}")
     folder = Path(output)
     _check_resumable(
         folder,
@@ -175,12 +194,18 @@ def label(
     )
     all_prompts = list(prompts)
     if not all_prompts:
-        raise ValueError(f"the prompt source yielded no prompts: {prompts.describe()}")
+        raise ValueError(
+            f"prompts: expected at least one prompt, the source yielded none ({prompts.describe()})"
+        )
     ids = [p.id for p in all_prompts]
     if len(set(ids)) != len(ids):
-        raise ValueError("the prompt source yielded duplicate prompt ids")
+        duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
+        raise ValueError(f"prompts: expected unique prompt ids, found duplicates {duplicates[:5]}")
     done = finished_ids(folder) if folder.exists() else set()
     todo = [p for p in all_prompts if p.id not in done]
+    if done and not todo:
+        # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
+        _check_labelled_by(folder, model, dtype, attn_implementation)
     print(
         f"lkv label: {len(all_prompts)} prompts, {len(done)} already labelled, {len(todo)} to go → {folder}"
     )
@@ -202,6 +227,8 @@ def label(
         )
         loader = DataLoader(todo, batch_size=1, shuffle=False, collate_fn=list)
         trainer.predict(module, loader, return_predictions=False)
+        # Every rank's last shard is flushed before any rank counts the folder.
+        trainer.strategy.barrier("lkv-label-flushed")
         if writer.skipped:
             print(f"lkv label: skipped {writer.skipped} prompts longer than {max_prompt_tokens} tokens")
     return f"{len(finished_ids(folder))} labelled prompts in {len(shard_files(folder))} shards at {folder}"

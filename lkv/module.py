@@ -81,6 +81,10 @@ class LookaheadKVModule(L.LightningModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
+        if not eval_budgets or min(eval_budgets) <= 0:
+            raise ValueError(
+                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
+            )
         self.save_hyperparameters()
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False

@@ -3,6 +3,12 @@
 Each batch is a list of samples (variable prompt lengths, no padding): ``{"id": str, "prompt_ids": (S,)
 long, "response_ids": (R,) long, "scores": (layers, kv_heads, S) float32 or None}``. ``scores`` is None for
 a responses-only folder (``store_scores=False``); the module then computes the ground truth online.
+
+Loaders are torchdata ``StatefulDataLoader``s, whose position Lightning saves in every checkpoint: a run
+resumed from a mid-epoch checkpoint continues with the next unseen batch instead of restarting the epoch.
+The training order is a seeded permutation per epoch, or the stored order with ``shuffle=False``
+(``DistributedSampler``, to which Lightning passes the epoch), so it is the same after a restart and splits
+over the ranks under DDP.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import lightning as L
 import torch
 from datasets import Dataset, IterableDataset
 from datasets.distributed import split_dataset_by_node
-from torch.utils.data import DataLoader
+from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lkv.backbone import ModelSignature, check_compatible
 from lkv.data.shards import LabelMeta, load_labels, read_meta, row_scores
@@ -25,8 +32,9 @@ Sample = dict[str, Any]
 class LabelCollate:
     """Rows of one label folder → list of :data:`Sample` (picklable, so it runs in loader workers)."""
 
-    def __init__(self, meta: LabelMeta) -> None:
+    def __init__(self, meta: LabelMeta, folder: str) -> None:
         self.meta = meta
+        self.folder = folder
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[Sample]:
         return [
@@ -34,7 +42,7 @@ class LabelCollate:
                 "id": row["id"],
                 "prompt_ids": torch.tensor(row["prompt_ids"], dtype=torch.long),
                 "response_ids": torch.tensor(row["response_ids"], dtype=torch.long),
-                "scores": row_scores(row, self.meta) if self.meta.store_scores else None,
+                "scores": row_scores(row, self.meta, self.folder) if self.meta.store_scores else None,
             }
             for row in rows
         ]
@@ -121,28 +129,38 @@ class LabelDataModule(L.LightningDataModule):
         if isinstance(data, IterableDataset):
             data.set_epoch(epoch)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str, shuffle: bool) -> StatefulDataLoader:
         if split not in self.datasets:
             raise RuntimeError(f"no {split} label folder configured (data.{split})")
         data = self.datasets[split]
-        map_style = not isinstance(data, IterableDataset)
+        sampler = None
+        if split == "train" and not isinstance(data, IterableDataset):
+            # Our own sampler: Lightning would otherwise inject a shuffling one under DDP whatever
+            # `data.shuffle` says.
+            trainer = self.trainer
+            sampler = DistributedSampler(
+                data,
+                num_replicas=trainer.world_size if trainer is not None else 1,
+                rank=trainer.global_rank if trainer is not None else 0,
+                shuffle=shuffle,
+                seed=self.hparams.seed,
+            )
         workers = self.hparams.num_workers
-        return DataLoader(
+        return StatefulDataLoader(
             data,
             batch_size=self.hparams.batch_size,
-            shuffle=shuffle and map_style,
-            generator=torch.Generator().manual_seed(self.hparams.seed) if shuffle and map_style else None,
-            collate_fn=LabelCollate(self.meta(split)),
+            sampler=sampler,
+            collate_fn=LabelCollate(self.meta(split), str(self.folders[split])),
             num_workers=workers,
             persistent_workers=workers > 0,
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train", self.hparams.shuffle)
 
-    def val_dataloader(self) -> DataLoader | list:
+    def val_dataloader(self) -> StatefulDataLoader | list:
         # No validation folder: an empty list makes Lightning skip validation.
         return self._loader("val", False) if "val" in self.datasets else []
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> StatefulDataLoader:
         return self._loader("test", False)

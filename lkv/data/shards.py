@@ -107,16 +107,24 @@ def finished_ids(folder: str | Path) -> set[str]:
 
 
 def check_scores(scores: torch.Tensor, where: str) -> None:
-    """Refuse NaN/inf, negative or unnormalised ``(layers, kv_heads, S)`` importance."""
-    if not torch.isfinite(scores).all():
-        raise ValueError(f"{where}: scores contain NaN or inf")
+    """Refuse NaN/inf, negative or unnormalised ``(layers, kv_heads, S)`` importance.
+
+    Raises:
+        ValueError: ``where``, the field (``scores``), what a score row must be and what was found.
+    """
+    bad = (~torch.isfinite(scores)).sum().item()
+    if bad:
+        raise ValueError(f"{where}: field 'scores' must be finite; found {bad} NaN/inf values")
     if (scores < 0).any():
-        raise ValueError(f"{where}: scores contain negative values (min {scores.min().item():.3g})")
+        raise ValueError(
+            f"{where}: field 'scores' must be non-negative; found {(scores < 0).sum().item()} negative "
+            f"values (min {scores.min().item():.3g})"
+        )
     sums = scores.float().sum(-1)
     # fp16 storage of ~1K probabilities sums to 1 within ~1e-3.
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-2):
         raise ValueError(
-            f"{where}: scores rows must sum to 1 over the prompt, found sums in "
+            f"{where}: field 'scores' rows must sum to 1 over the prompt per (layer, kv_head); found sums in "
             f"[{sums.min().item():.4f}, {sums.max().item():.4f}]"
         )
 
@@ -164,7 +172,8 @@ class ShardWriter:
             return
         if shard_files(self.folder):
             raise ValueError(f"{self.folder} holds label shards but no {META_FILE}; refusing to mix runs")
-        tmp = path.with_name(f".{META_FILE}.{os.getpid()}.tmp")
+        # the rank too: ranks on different nodes of a shared file system can share a pid
+        tmp = path.with_name(f".{META_FILE}.r{self.rank}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(self.meta), indent=2, sort_keys=True))
         os.replace(tmp, path)
 
@@ -222,34 +231,63 @@ class ShardWriter:
 def load_labels(folder: str | Path, streaming: bool = False) -> Dataset | IterableDataset:
     """Open every finished shard of a label folder as one ``datasets`` dataset.
 
-    ``streaming=True`` reads shards lazily (paper-scale label sets do not fit in memory).
+    ``streaming=True`` reads shards lazily (paper-scale label sets do not fit in memory). Each shard's
+    parquet footer and columns are checked first (a few KB per file), so a damaged or foreign file is
+    named before any training starts.
+
+    Raises:
+        FileNotFoundError: no shards.
+        ValueError: a shard that is not a readable label shard, or shards holding no rows at all.
     """
     files = shard_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no label shards ({SHARD_GLOB}); run `lkv label` first")
     meta = read_meta(folder)
+    schema = features(meta.score_dtype)
+    rows = sum(_check_shard(path, schema) for path in files)
+    if rows == 0:
+        raise ValueError(f"{folder}: expected labelled samples, found {len(files)} shards holding 0 rows")
     try:
         return load_dataset(
             "parquet",
             data_files=[str(p) for p in files],
             split="train",
             streaming=streaming,
-            features=features(meta.score_dtype),
+            features=schema,
         )
     except Exception as err:
         raise ValueError(f"{folder}: could not read label shards ({err})") from err
 
 
-def row_scores(row: dict[str, Any], meta: LabelMeta) -> torch.Tensor:
-    """Reshape a row's flattened scores to ``(layers, kv_heads, prompt_len)`` float32, validated."""
+def _check_shard(path: Path, schema: Features) -> int:
+    """Rows of one shard, after checking that its footer reads and its columns are the label columns."""
+    try:
+        parquet = pq.read_metadata(path)
+    except Exception as err:  # pyarrow raises several types for damaged files
+        raise ValueError(
+            f"{path}: expected a complete parquet label shard, found an unreadable file ({err}); "
+            "delete it and rerun `lkv label` to relabel its prompts"
+        ) from err
+    found = parquet.schema.to_arrow_schema().names
+    if sorted(found) != sorted(schema):
+        raise ValueError(f"{path}: expected label columns {sorted(schema)}, found {sorted(found)}")
+    return parquet.num_rows
+
+
+def row_scores(row: dict[str, Any], meta: LabelMeta, folder: str | Path | None = None) -> torch.Tensor:
+    """Reshape a row's flattened scores to ``(layers, kv_heads, prompt_len)`` float32, validated.
+
+    ``folder`` (the label folder the row came from) is named in errors.
+    """
+    where = f"{folder}: sample {row['id']}" if folder is not None else f"sample {row['id']}"
     prompt_len = int(row["prompt_len"])
     flat = torch.as_tensor(np.asarray(row["scores"], dtype=np.float32))
     expected = meta.num_layers * meta.num_kv_heads * prompt_len
     if flat.numel() != expected:
         raise ValueError(
-            f"sample {row['id']}: {flat.numel()} scores stored, expected layers·kv_heads·prompt_len = "
+            f"{where}: field 'scores' holds {flat.numel()} values, expected layers·kv_heads·prompt_len = "
             f"{meta.num_layers}·{meta.num_kv_heads}·{prompt_len} = {expected}"
         )
     scores = flat.view(meta.num_layers, meta.num_kv_heads, prompt_len)
-    check_scores(scores, f"sample {row['id']}")
+    check_scores(scores, where)
     return scores

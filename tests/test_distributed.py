@@ -1,0 +1,238 @@
+"""Scale-out through Lightning's own launcher: `lkv label` and `lkv fit` as two CPU processes (DDP, gloo).
+
+Each run is the real `lkv` command in a subprocess; with ``--devices 2 --strategy ddp`` Lightning starts
+the second process itself. The helpers here (a tiny model saved to a folder, label and fit commands, a
+loss-recording callback) are shared with ``test_interruption.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from lkv.backbone import load_backbone
+from lkv.cli import main as lkv_main
+from lkv.data.prompts import JsonlPrompts, render_prompt
+from lkv.data.shards import load_labels, read_meta, row_scores, shard_files
+from lkv.generation import eos_ids
+from lkv.labeling import label_prompt
+from tests.conftest import build_tiny_model
+from tests.test_datamodule import make_label_folder
+
+pytestmark = pytest.mark.multiprocess
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+RESPONSE_TOKENS = 5
+MAX_PROMPT_TOKENS = 256
+
+
+class RecordLosses(L.Callback):
+    """Appends one JSON line per training batch to ``{folder}/losses-r{rank}.jsonl``: the global step the
+    batch trained at, its sample ids and its (un-normalised) loss."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Lightning hands back loss / accumulate_grad_batches; undo that to get the batch's own loss.
+        loss = float(outputs["loss"]) * trainer.accumulate_grad_batches
+        record = {"step": trainer.global_step, "ids": [s["id"] for s in batch], "loss": loss}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"losses-r{trainer.global_rank}.jsonl", "a") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+def read_losses(folder: Path) -> dict[int, list[dict]]:
+    """``rank -> records`` written by :class:`RecordLosses`."""
+    return {
+        int(path.stem.rsplit("-r", 1)[1]): [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(folder.glob("losses-r*.jsonl"))
+    }
+
+
+def write_prompts(path: Path, num: int) -> Path:
+    lines = [
+        {"id": f"q{i}", "prompt": " ".join(WORDS[(i + j) % len(WORDS)] for j in range(10 + 3 * i))}
+        for i in range(num)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def make_workspace(root: Path) -> Path:
+    """``model/`` (the tiny Llama saved as a HF folder), ``prompts.jsonl`` (8 prompts), ``train/`` (6 labels)."""
+    model, tokenizer = build_tiny_model("llama")
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    write_prompts(root / "prompts.jsonl", 8)
+    make_label_folder(model, tokenizer, root / "train", num=6)
+    return root
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    return make_workspace(tmp_path_factory.mktemp("scale"))
+
+
+def lkv_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lkv.cli", *args]
+
+
+def subprocess_env() -> dict[str, str]:
+    # The repository root on the path lets configs name this file's RecordLosses callback.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+def run_lkv(args: list[str], cwd: Path, timeout: float = 300) -> str:
+    """Run ``lkv ARGS`` to completion and return its output; fail the test on a non-zero exit."""
+    result = subprocess.run(
+        lkv_command(*args), cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"`lkv {' '.join(args)}` exited {result.returncode}:\n{output[-4000:]}"
+    return output
+
+
+def label_args(root: Path, output: Path, prompts: Path, **options: object) -> list[str]:
+    settings = {
+        "output": output,
+        "model": root / "model",
+        "response_tokens": RESPONSE_TOKENS,
+        "max_prompt_tokens": MAX_PROMPT_TOKENS,
+        "score_dtype": "float32",
+        "shard_size": 1,
+        "accelerator": "cpu",
+        "progress": "false",
+        "prompts.class_path": "lkv.data.prompts.JsonlPrompts",
+        "prompts.init_args.path": prompts,
+        "prompts.init_args.id_field": "id",
+        **options,
+    }
+    return ["label", *(f"--{key}={value}" for key, value in settings.items())]
+
+
+def fit_settings(
+    root: Path, run: Path, max_steps: int, batch_size: int = 1, accumulate: int = 1, shuffle: bool = False
+) -> dict:
+    """A fit config for the tiny model: checkpoint after every step into ``run``, record every batch's loss."""
+    return {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "default_root_dir": str(run),
+            "max_steps": max_steps,
+            "accumulate_grad_batches": accumulate,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": False,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": str(run / "checkpoints"),
+                        "save_last": True,
+                        "every_n_train_steps": 1,
+                    },
+                },
+                {"class_path": "tests.test_distributed.RecordLosses", "init_args": {"folder": str(run)}},
+            ],
+        },
+        "model": {
+            "model": str(root / "model"),
+            "num_lookahead": 4,
+            "lr": 1e-2,
+            "snapkv_window": 8,
+            "snapkv_kernel": 3,
+            "eval_budgets": [4, 8],
+        },
+        "data": {"train": str(root / "train"), "batch_size": batch_size, "shuffle": shuffle},
+    }
+
+
+def fit_config(root: Path, run: Path, max_steps: int, **options) -> Path:
+    """:func:`fit_settings` written to ``run/fit.yaml``."""
+    run.mkdir(parents=True, exist_ok=True)
+    path = run / "fit.yaml"
+    path.write_text(yaml.safe_dump(fit_settings(root, run, max_steps, **options)))
+    return path
+
+
+def trained_weights(run: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    """``(global_step, trainable state dict)`` of ``run/checkpoints/last.ckpt``."""
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return checkpoint["global_step"], checkpoint["state_dict"]
+
+
+def shard_ids(folder: Path) -> list[str]:
+    """Every sample id over all finished shards, with repeats (each shard read in full)."""
+    return [i for path in shard_files(folder) for i in pq.read_table(path).column("id").to_pylist()]
+
+
+def assert_labels_match_one_process(root: Path, folder: Path, prompts: Path) -> None:
+    """Every stored row equals the labeller core run here, in this one process, on the same model."""
+    model, tokenizer = load_backbone(str(root / "model"))
+    meta = read_meta(folder)
+    by_id = {p.id: p for p in JsonlPrompts(str(prompts), id_field="id")}
+    for row in load_labels(folder):
+        ids = render_prompt(by_id[row["id"]], tokenizer, MAX_PROMPT_TOKENS)
+        want = label_prompt(model, ids, RESPONSE_TOKENS, eos_ids(model, tokenizer))
+        assert (row["prompt_ids"], row["response_ids"]) == (ids, want.response_ids), row["id"]
+        torch.testing.assert_close(row_scores(row, meta), want.scores, atol=1e-6, rtol=0)
+
+
+def test_two_process_label_covers_every_prompt_exactly_once(workspace, tmp_path):
+    out = tmp_path / "labels"
+    prompts = workspace / "prompts.jsonl"
+    run_lkv(label_args(workspace, out, prompts, devices=2, strategy="ddp"), cwd=tmp_path)
+    ranks = {path.name.split("-")[1] for path in shard_files(out)}
+    assert ranks == {"r000", "r001"}  # each rank wrote its own shards
+    ids = shard_ids(out)
+    assert sorted(ids) == sorted(f"q{i}" for i in range(8)) and len(ids) == len(set(ids))
+    assert_labels_match_one_process(workspace, out, prompts)
+
+
+def test_two_process_fit_matches_one_process_with_the_same_global_batch(workspace, tmp_path):
+    # One process: micro-batches of 1, two per optimiser step. Two DDP processes: one sample each per step,
+    # gradients averaged. Both take the mean gradient of samples (2k, 2k+1) at step k, so every sample's
+    # loss and the final weights must agree.
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    lkv_main(["fit", "--config", str(fit_config(workspace, single, max_steps=3, accumulate=2))])
+    run_lkv(
+        [
+            "fit",
+            "--config",
+            str(fit_config(workspace, ddp, max_steps=3)),
+            "--trainer.devices=2",
+            # the last layer's v/o/MLP LoRA weights cannot reach the attention scores: no gradient
+            "--trainer.strategy=ddp_find_unused_parameters_true",
+        ],
+        cwd=tmp_path,
+    )
+    reference = {r["ids"][0]: r for r in read_losses(single)[0]}
+    per_rank = read_losses(ddp)
+    assert sorted(per_rank) == [0, 1]
+    seen = [i for records in per_rank.values() for r in records for i in r["ids"]]
+    assert sorted(seen) == sorted(reference) and len(reference) == 6  # the ranks split the samples
+    for rank, records in per_rank.items():
+        assert [r["step"] for r in records] == [1, 2, 3], rank
+        for record in records:
+            want = reference[record["ids"][0]]
+            assert record["loss"] == pytest.approx(want["loss"], rel=1e-4), (rank, record, want)
+    single_step, single_weights = trained_weights(single)
+    ddp_step, ddp_weights = trained_weights(ddp)
+    assert single_step == ddp_step == 3
+    assert single_weights.keys() == ddp_weights.keys()
+    for name, weight in single_weights.items():
+        torch.testing.assert_close(ddp_weights[name], weight, atol=1e-5, rtol=1e-4, msg=name)
