@@ -162,7 +162,12 @@ def test_every_sub_benchmark_end_to_end(capsys):
     assert benches["label"]["derived"]["48"]["ratio"] > 0
     assert benches["train-step"]["derived"]["64"]["speedup"] > 0
     out = capsys.readouterr().out
-    assert "## ttft" in out and "| 64 | laq |" in out and "lookaheadkv (floor M/S = 6.25 %)" in out and "## train-step" in out
+    assert (
+        "## ttft" in out
+        and "| 64 | laq |" in out
+        and "lookaheadkv (floor M/S = 6.25 %)" in out
+        and "## train-step" in out
+    )
 
 
 def test_memory_of_the_naive_step_exceeds_the_two_phase_step():
