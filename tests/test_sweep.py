@@ -1,0 +1,168 @@
+"""`lkv sweep` on a tiny model saved to disk: a 2×2 grid of real `lkv fit` subprocesses (+ timing + eval),
+the summary table and plots, and a rerun that fits nothing again."""
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+import lkv.sweep
+from lkv.cli import main as lkv_main
+from lkv.sweep import grid_points, point_config, point_name, set_key
+from tests.conftest import build_tiny_model
+from tests.test_datamodule import make_label_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory) -> dict[str, Path]:
+    """A saved tiny Llama, its train/val label folders, a 2-step fit config (no ModelCheckpoint: the sweep
+    adds one) and an importance eval config."""
+    root = tmp_path_factory.mktemp("sweep")
+    model, tokenizer = build_tiny_model("llama")
+    folder = root / "tiny-llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    train = make_label_folder(model, tokenizer, root / "train", num=3)
+    val = make_label_folder(model, tokenizer, root / "val", num=2, seed=1)
+    fit = {
+        "trainer": {
+            "accelerator": "cpu",
+            "max_epochs": 1,
+            "limit_train_batches": 2,
+            "num_sanity_val_steps": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        },
+        "model": {"model": str(folder), "num_lookahead": 2, "snapkv_window": 4, "eval_budgets": [4, 8]},
+        "data": {"train": str(train), "val": str(val)},
+    }
+    (root / "fit.yaml").write_text(yaml.safe_dump(fit))
+    evaluation = {
+        "model": str(folder),
+        "methods": ["lookaheadkv"],
+        "tasks": [
+            {"class_path": "lkv.benchmarks.ImportanceTask", "init_args": {"folder": str(val), "budgets": [4]}}
+        ],
+    }
+    (root / "eval.yaml").write_text(yaml.safe_dump(evaluation))
+    return {"root": root, "fit": root / "fit.yaml", "eval": root / "eval.yaml"}
+
+
+def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, monkeypatch, capsys):
+    fits = []
+    real_run = subprocess.run
+
+    def counting_run(command, **kwargs):
+        fits.append(command)
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr(lkv.sweep.subprocess, "run", counting_run)
+    out, summary = tmp_path / "sweep", tmp_path / "summary"
+    config = {
+        "base": str(tiny_setup["fit"]),
+        "output": str(out),
+        "summary_dir": str(summary),
+        "eval_config": str(tiny_setup["eval"]),
+        "overrides": {"model.lr": 0.01},
+        "grid": {"model.num_lookahead": [2, 4], "model.lora_targets": ["none", ["q_proj", "v_proj"]]},
+        "score": "val/recall@4",
+        "overhead_tokens": 16,
+        "overhead_repeats": 1,
+    }
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    lkv_main(["sweep", "--config", str(tmp_path / "sweep.yaml")])
+    assert len(fits) == 4 and "4 run now, 0 already done" in capsys.readouterr().out
+
+    rows = list(csv.DictReader((summary / "summary.csv").open()))
+    assert [(r["model.num_lookahead"], r["model.lora_targets"]) for r in rows] == [
+        ("2", "none"),
+        ("2", "q_proj+v_proj"),
+        ("4", "none"),
+        ("4", "q_proj+v_proj"),
+    ]
+    for row in rows:
+        assert 0 <= float(row["val/recall@4"]) <= 1 and float(row["overhead"]) > 0
+        # the point's eval ran on its own checkpoint: importance recall of the same 2 held-out prompts
+        assert 0 <= float(row["eval/importance/recall@4"]) <= 1
+    point = out / "points" / "num_lookahead=4,lora_targets=q_proj+v_proj"
+    ran = yaml.safe_load((point / "config.yaml").read_text())
+    assert ran["model"]["num_lookahead"] == 4 and ran["model"]["lora_targets"] == ["q_proj", "v_proj"]
+    assert ran["model"]["lr"] == 0.01
+    assert ran["trainer"]["callbacks"][0]["init_args"]["dirpath"] == str(point / "checkpoints")
+    # every point has its own TensorBoard run, and its hyper-parameters are the point's
+    hparams = yaml.safe_load((out / "tensorboard" / point.name / "fit" / "hparams.yaml").read_text())
+    assert hparams["num_lookahead"] == 4
+    # the fit's last logged recall is the one the summary reports
+    result = json.loads((point / "result.json").read_text())
+    assert float(rows[-1]["val/recall@4"]) == pytest.approx(result["metrics"]["val/recall@4"], rel=1e-5)
+    table = (summary / "summary.md").read_text()
+    assert "| none | " in table and "| q_proj+v_proj | " in table
+    assert {p.name for p in (summary / "plots").iterdir()} == {"score_vs_size.png", "overhead_vs_size.png"}
+
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("points/*/checkpoints/last.ckpt")}
+    lkv_main(["sweep", "--config", str(tmp_path / "sweep.yaml")])
+    assert len(fits) == 4 and "0 run now, 4 already done" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in out.glob("points/*/checkpoints/last.ckpt")} == mtimes
+
+
+def test_grid_and_keys():
+    assert grid_points({"a": [1, 2], "b.c": ["x", ["y", "z"]]}) == [
+        {"a": 1, "b.c": "x"},
+        {"a": 1, "b.c": ["y", "z"]},
+        {"a": 2, "b.c": "x"},
+        {"a": 2, "b.c": ["y", "z"]},
+    ]
+    assert point_name({"model.num_lookahead": 8, "model.lora_targets": ["q_proj", "v_proj"]}) == (
+        "num_lookahead=8,lora_targets=q_proj+v_proj"
+    )
+    config = {"trainer": {"callbacks": [{"init_args": {"x": 1}}]}, "model": {}}
+    set_key(config, "trainer.callbacks.0.init_args.x", 2)
+    set_key(config, "model.new.deep", 3)
+    assert config == {"trainer": {"callbacks": [{"init_args": {"x": 2}}]}, "model": {"new": {"deep": 3}}}
+    with pytest.raises(KeyError, match=r"'trainer.callbacks.5' is not a section"):
+        set_key(config, "trainer.callbacks.5.init_args", 1)
+    with pytest.raises(ValueError, match=r"grid.model.num_lookahead: expected a non-empty list .* found 4"):
+        grid_points({"model.num_lookahead": 4})
+
+
+def test_point_config_redirects_checkpoints_and_logs(tmp_path):
+    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "m"}}
+    base = {"model": {"lr": 1}, "trainer": {"callbacks": [checkpoint]}}
+    config = point_config(base, {"model.lr": 2}, tmp_path / "p", tmp_path / "tb" / "p")
+    assert config["model"]["lr"] == 2 and base["model"]["lr"] == 1  # the base is not modified
+    dirpath = str(tmp_path / "p" / "checkpoints")
+    assert config["trainer"]["callbacks"] == [
+        {**checkpoint, "init_args": {"monitor": "m", "dirpath": dirpath, "save_last": True}}
+    ]
+    logger = {"save_dir": str(tmp_path / "tb"), "name": "p", "version": "fit"}
+    assert config["trainer"]["logger"]["init_args"] == logger
+
+
+def test_point_config_refuses_a_non_tensorboard_logger(tmp_path):
+    base = {"model": {}, "trainer": {"logger": {"class_path": "lightning.pytorch.loggers.CSVLogger"}}}
+    with pytest.raises(ValueError, match="trainer.logger: a sweep needs one TensorBoardLogger, found"):
+        point_config(base, {}, tmp_path, tmp_path / "tb")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_sweep_configs_parse_and_their_keys_exist(path, capsys):
+    relative = path.relative_to(ROOT)
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    assert any(f"lkv sweep --config {relative}" in line for line in header), f"{relative}: no command"
+    assert any("Hardware" in line for line in header), f"{relative}: no Hardware line"
+    with pytest.raises(SystemExit) as exit_info:
+        lkv_main(["sweep", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    config = yaml.safe_load(capsys.readouterr().out)
+    base = yaml.safe_load((ROOT / config["base"]).read_text())
+    for key in [*config.get("overrides", {}), *config["grid"]]:
+        if not key.startswith("eval."):
+            section, name = key.split(".")[0], key.split(".")[-1]
+            assert section in base, f"{relative}: {key} names no section of {config['base']}"
+            assert name.isidentifier(), key
+    assert len(grid_points(config["grid"])) >= 4
