@@ -246,9 +246,7 @@ def demo(
         f"this machine ({os.cpu_count()} CPUs):",
         "",
         *clock.table(),
-        "",
-        *trace,
     ]
-    report = write_report(rows, out, title=title, methods=arguments["methods"], notes=notes)
+    report = write_report(rows, out, title=title, methods=arguments["methods"], notes=notes, appendix=trace)
     print("\n".join(["", *clock.table(), ""]))
     return f"lkv demo: report at {report}"

@@ -254,6 +254,7 @@ def write_report(
     title: str = "lkv eval",
     methods: Sequence[str] = (),
     notes: Sequence[str] = (),
+    appendix: Sequence[str] = (),
 ) -> Path:
     """Write summary.csv, report.md, plots/ and tensorboard/ into ``folder``; returns report.md's path.
 
@@ -261,6 +262,7 @@ def write_report(
         rows: result rows (``results.jsonl``).
         methods: preferred method order in tables and legends.
         notes: extra markdown paragraphs placed after the title (timings, settings).
+        appendix: extra markdown lines placed after the plots (sections of their own).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -275,6 +277,7 @@ def write_report(
         "",
         "Per-sample results: `results.jsonl`; means: `summary.csv`; TensorBoard: `tensorboard/`.",
         "",
+        *appendix,
     ]
     path = folder / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
