@@ -3,15 +3,20 @@
 import torch
 
 
-def eager_reference(model, ids: torch.Tensor, num_keys: int, first_query: int) -> torch.Tensor:
-    """``(layers, kv_heads, S)`` from eager softmax rows of queries ``first_query:`` over the full sequence."""
+def eager_attentions(model, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per layer ``(batch, heads, Q, K)`` softmax attention of a plain eager forward over ``ids``."""
     impl = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
         with torch.no_grad():
-            attentions = model(ids, output_attentions=True).attentions
+            return model(ids, output_attentions=True).attentions
     finally:
         model.set_attn_implementation(impl)
+
+
+def eager_reference(model, ids: torch.Tensor, num_keys: int, first_query: int) -> torch.Tensor:
+    """``(layers, kv_heads, S)`` from eager softmax rows of queries ``first_query:`` over the full sequence."""
+    attentions = eager_attentions(model, ids)
     kv_heads = model.config.num_key_value_heads
     rows = []
     for att in attentions:

@@ -34,6 +34,7 @@ from lkv.inference import Compressor
 from lkv.lookahead import LookaheadAdapter
 from lkv.presses import make_press
 from lkv.presses.lookaheadkv import LookaheadKVPress
+from tests.reference import eager_attentions
 
 PROMPT_LEN = 40
 
@@ -53,16 +54,8 @@ def run_policy(model, compressor: Compressor, ids: torch.Tensor, steps: int):
     """
     compressed = compressor.compress(ids)
     layers = compressed.cache.layers  # eviction replaces the tensors of these same layer objects
-    press = compressor.press.press if isinstance(compressor.press, DecodeTimePress) else compressor.press
-    start = DecodeStart(
-        compressed.prompt_len,
-        compressed.budget,
-        compressed.layer_budgets,
-        compressed.kept,
-        compressed.scores,
-        press,
-    )
-    upkeep = compressor.decode_policy.begin(model, compressed.cache, start)
+    # the policy's state for this answer, made as Compressor.decode makes it
+    upkeep = compressor._begin(compressed, compressed.cache)
     cache = upkeep.enforce(compressed.cache)
     logits, lengths = [], []
 
@@ -433,14 +426,7 @@ def test_attention_rows_are_the_eager_rows_and_keep_the_capture_meaning(tiny_qwe
     rows, plain = AttentionRows(num_keys=24, last_queries=5), ImportanceCapture(num_keys=24, last_queries=5)
     prefill(model, ids, lkv_capture=[rows, plain])
     torch.testing.assert_close(rows.scores(2), plain.scores(2), atol=1e-6, rtol=0)
-    impl = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            attentions = model(ids, output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation(impl)
-    for layer, att in enumerate(attentions):
+    for layer, att in enumerate(eager_attentions(model, ids)):
         want = att[0, :, 19:].reshape(2, 2, 5, 24).mean(1)
         torch.testing.assert_close(rows.rows(layer)[0], want, atol=1e-6, rtol=0)
 
