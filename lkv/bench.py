@@ -5,7 +5,9 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
 
 ``train-step``
     the two-phase step of :mod:`lkv.module` (``LookaheadKVModule.training_step`` + backward) vs the naive
-    full-sequence forward + backward with a per-token LoRA mask (:mod:`lkv.perf.naive_step`): seconds per
+    full-sequence forward + backward with a per-token LoRA mask (:mod:`lkv.perf.naive_step`), in two
+    variants: ``naive`` (sdpa + lkv's row capture, the strongest naive step) and ``naive-eager`` (the
+    guides' eager attention with ``output_attentions``, measured up to ``eager_max_length``): seconds per
     step and peak memory.
 ``ttft``
     time to first token (prefill + scoring + eviction, :meth:`lkv.inference.Compressor.compress`) per
@@ -82,11 +84,14 @@ class BenchSettings:
     draft_layers: int | None = None
     response_tokens: int = 64
     decode_tokens: int = 32
+    eager_max_length: int = 2048
     seed: int = 0
 
-    def variants(self, which: str) -> list[str]:
+    def variants(self, which: str, length: int | None = None) -> list[str]:
+        """Variants of ``which``; with ``length``, those measured at that prompt length."""
+        eager = length is None or length <= self.eager_max_length
         return {
-            "train-step": ["two-phase", "naive"],
+            "train-step": ["two-phase", "naive"] + (["naive-eager"] if eager else []),
             "ttft": ["prefill", *self.methods],
             "label": ["label_prompt", "generate+forward"],
             "decode": ["full", "compressed"],
@@ -182,8 +187,9 @@ class Workbench:
             for param in params:
                 param.grad = None
 
-        if variant == "naive":
-            return Case(run=lambda: naive_loss(self.lookahead, ids, target).backward(), reset=reset)
+        if variant in ("naive", "naive-eager"):
+            attention = "eager" if variant == "naive-eager" else "capture"
+            return Case(run=lambda: naive_loss(self.lookahead, ids, target, attention).backward(), reset=reset)
         module = self.training_module
         sample = {"id": "bench", "prompt_ids": ids[0], "response_ids": ids[0, :0], "scores": target}
 
@@ -285,7 +291,7 @@ def _measure_length(
     device = bench.device
     cases: dict[str, Case] = {}
     failed: dict[str, str] = {}
-    for variant in bench.settings.variants(which):
+    for variant in bench.settings.variants(which, length):
         try:
             cases[variant] = bench.case(which, variant, length)
             if device.type == "cuda":  # find variants that do not fit before timing the others
@@ -300,7 +306,7 @@ def _measure_length(
             torch.cuda.empty_cache()
     timings = time_interleaved(cases, repeats, warmup, device) if cases else Timings({}, {})
     out: dict[str, Any] = {}
-    for variant in bench.settings.variants(which):
+    for variant in bench.settings.variants(which, length):
         if variant in failed:
             out[variant] = {"error": failed[variant]}
             continue
@@ -336,10 +342,12 @@ def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any
     derived: dict[str, Any] = {}
     for length, v in lengths.items():
         d: dict[str, Any] = {}
-        if which == "train-step" and ok(v["naive"], v["two-phase"]):
-            d["speedup"] = v["naive"]["median_s"] / v["two-phase"]["median_s"]
-            if "peak_bytes" in v["naive"]:
-                d["memory_ratio"] = v["naive"]["peak_bytes"] / v["two-phase"]["peak_bytes"]
+        if which == "train-step" and ok(v["two-phase"]):
+            for variant, suffix in (("naive", ""), ("naive-eager", "_eager")):
+                if ok(v.get(variant, {})):
+                    d["speedup" + suffix] = v[variant]["median_s"] / v["two-phase"]["median_s"]
+                    if "peak_bytes" in v[variant]:
+                        d["memory_ratio" + suffix] = v[variant]["peak_bytes"] / v["two-phase"]["peak_bytes"]
         elif which == "ttft" and ok(v["prefill"]):
             base = v["prefill"]["median_s"]
             for method in settings.methods:
@@ -382,13 +390,17 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return "—" if value is None else f"{value / scale:.{digits}f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
 def markdown(which: str, result: dict[str, Any]) -> str:
     """A table of one sub-benchmark's result (the ``benchmarks[which]`` part of the JSON)."""
     rows: list[list[str]] = []
     lengths, derived = result["lengths"], result["derived"]
 
     def get(length: str, variant: str, key: str) -> float | None:
-        return lengths[length][variant].get(key)
+        return lengths[length].get(variant, {}).get(key)
 
     def peak(length: str, variant: str) -> str:
         return _fmt(get(length, variant, "peak_bytes"), MIB, 0)
@@ -404,16 +416,24 @@ def markdown(which: str, result: dict[str, Any]) -> str:
                 "two-phase peak MiB",
                 "naive peak MiB",
                 "memory ratio",
+                "naive-eager s/step",
+                "speed-up (eager)",
+                "naive-eager peak MiB",
+                "memory ratio (eager)",
             ]
             rows.append(
                 [
                     length,
                     _fmt(get(length, "two-phase", "median_s")),
                     _fmt(get(length, "naive", "median_s")),
-                    _fmt(d.get("speedup"), digits=2) + "×",
+                    _ratio(d.get("speedup")),
                     peak(length, "two-phase"),
                     peak(length, "naive"),
-                    _fmt(d.get("memory_ratio"), digits=2) + "×",
+                    _ratio(d.get("memory_ratio")),
+                    _fmt(get(length, "naive-eager", "median_s")),
+                    _ratio(d.get("speedup_eager")),
+                    peak(length, "naive-eager"),
+                    _ratio(d.get("memory_ratio_eager")),
                 ]
             )
         elif which == "ttft":
@@ -480,7 +500,7 @@ def markdown(which: str, result: dict[str, Any]) -> str:
                     length,
                     _fmt(d.get("full_s_per_token"), 1e-3, 2),
                     _fmt(d.get("compressed_s_per_token"), 1e-3, 2),
-                    _fmt(d.get("speedup"), digits=2) + "×",
+                    _ratio(d.get("speedup")),
                     _fmt(get(length, "full", "kv_bytes"), MIB, 2),
                     _fmt(get(length, "compressed", "kv_bytes"), MIB, 2),
                     _fmt(d.get("kv_bytes_ratio"), digits=4),
@@ -556,6 +576,7 @@ def bench(
     draft_layers: int | None = None,
     response_tokens: int = 64,
     decode_tokens: int = 32,
+    eager_max_length: int = 2048,
     seed: int = 0,
     json_out: str | None = None,
 ) -> None:
@@ -584,6 +605,8 @@ def bench(
         draft_layers: layers of SpecKV's self-speculative draft (default: a quarter of the model's).
         response_tokens: R, the response length of the label benchmark.
         decode_tokens: tokens decoded per run of the decode benchmark.
+        eager_max_length: longest prompt at which train-step also runs ``naive-eager``, whose attention maps
+            kept for backward grow as S² (≈ 14 GiB for SmolLM2 at 4K in fp32).
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
     """
@@ -602,6 +625,7 @@ def bench(
         draft_layers=draft_layers,
         response_tokens=response_tokens,
         decode_tokens=decode_tokens,
+        eager_max_length=eager_max_length,
         seed=seed,
     )
     results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)
