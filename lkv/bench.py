@@ -189,7 +189,9 @@ class Workbench:
 
         if variant in ("naive", "naive-eager"):
             attention = "eager" if variant == "naive-eager" else "capture"
-            return Case(run=lambda: naive_loss(self.lookahead, ids, target, attention).backward(), reset=reset)
+            return Case(
+                run=lambda: naive_loss(self.lookahead, ids, target, attention).backward(), reset=reset
+            )
         module = self.training_module
         sample = {"id": "bench", "prompt_ids": ids[0], "response_ids": ids[0, :0], "scores": target}
 

@@ -88,7 +88,9 @@ def naive_importance(
             if attention == "eager":
                 return _eager_lookahead_rows(base, embeds, positions, prompt_len)
             capture = ImportanceCapture(num_keys=prompt_len, last_queries=num_tokens)
-            base.get_decoder()(inputs_embeds=embeds, position_ids=positions, use_cache=False, lkv_capture=capture)
+            base.get_decoder()(
+                inputs_embeds=embeds, position_ids=positions, use_cache=False, lkv_capture=capture
+            )
             return capture.scores(base.config.num_hidden_layers)
     finally:
         adapter._set_adapter(False)
