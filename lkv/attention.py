@@ -37,18 +37,24 @@ class ImportanceCapture:
         num_keys: ``S``, the number of leading keys (the prompt) whose attention mass is kept.
         last_queries: use only the last ``n`` queries of each observed block (SnapKV/TOVA windows inside
             a prefill); ``None`` uses every query of the block.
+        computes_output: also compute the block's attention output from the same fp32 probabilities, so
+            the layer skips its own attention kernel, which would compute the same logits again (the
+            lookahead step, where every query of the block is captured). Needs ``last_queries=None``.
 
     Several forward passes may feed the same capture (e.g. a response teacher-forced in pieces): the
     per-layer sums accumulate and are normalised once in :meth:`scores`.
     """
 
-    def __init__(self, num_keys: int, last_queries: int | None = None) -> None:
+    def __init__(self, num_keys: int, last_queries: int | None = None, computes_output: bool = False) -> None:
         if num_keys <= 0:
             raise ValueError(f"num_keys must be positive, got {num_keys}")
         if last_queries is not None and last_queries <= 0:
             raise ValueError(f"last_queries must be positive or None, got {last_queries}")
+        if computes_output and last_queries is not None:
+            raise ValueError("computes_output needs every query of the block: last_queries must be None")
         self.num_keys = num_keys
         self.last_queries = last_queries
+        self.computes_output = computes_output
         self._sums: dict[int, torch.Tensor] = {}
 
     def observe(
@@ -58,7 +64,8 @@ class ImportanceCapture:
         key: torch.Tensor,
         attention_mask: torch.Tensor | None,
         scaling: float,
-    ) -> None:
+        value: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Add one layer's block attention to the running sums.
 
         Args:
@@ -67,18 +74,31 @@ class ImportanceCapture:
             attention_mask: the mask the layer's attention got: ``None`` (plain causal), a boolean
                 ``(batch|1, 1|heads, Q, K)`` mask (True = may attend) or an additive float one.
             scaling: the softmax temperature the layer uses (usually ``head_dim ** -0.5``).
+            value: ``(batch, kv_heads, K, head_dim)``; given only when ``computes_output``.
+
+        Returns:
+            With ``value``, the block's attention output ``(batch, Q, heads, head_dim)`` in the query's
+            dtype (the layout transformers' attention functions return); otherwise ``None``.
         """
         first = self.first_query(layer_idx, query, key)
         batch, heads, q_len = query.shape[:3]
         key32 = key.float()
+        value32 = None if value is None else value.float()
         chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
         total = None
+        outputs = []
         for start in range(first, q_len, chunk):
             probs = grouped_attention(query, key32, attention_mask, scaling, start, min(start + chunk, q_len))
             part = probs[..., : self.num_keys].sum(dim=(2, 3))
             total = part if total is None else total + part
+            if value32 is not None:
+                with torch.autocast(query.device.type, enabled=False):
+                    outputs.append(torch.einsum("bkgqn,bknd->bkgqd", probs, value32).flatten(1, 2))
         previous = self._sums.get(layer_idx)
         self._sums[layer_idx] = total if previous is None else previous + total
+        if value32 is None:
+            return None
+        return torch.cat(outputs, dim=2).transpose(1, 2).to(query.dtype).contiguous()
 
     def first_query(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> int:
         """Index of the first block query this capture reduces, once the shapes are checked.
@@ -186,14 +206,28 @@ def _make_capturing(implementation: str) -> Callable:
         **kwargs,
     ):
         captures = kwargs.pop(CAPTURE_KWARG, None)
+        output = None
         if captures is not None:
             scaling = kwargs.get("scaling")
             scaling = module.scaling if scaling is None else scaling
             for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
-                capture.observe(module.layer_idx, query, key, attention_mask, scaling)
+                attend = capture.computes_output and output is None and _plain_softmax(kwargs)
+                result = capture.observe(
+                    module.layer_idx, query, key, attention_mask, scaling, value if attend else None
+                )
+                output = result if attend else output
+        if output is not None:
+            return output, None
         return _base_attention(implementation, module)(module, query, key, value, attention_mask, **kwargs)
 
     return capturing_attention
+
+
+def _plain_softmax(kwargs: dict) -> bool:
+    """Whether the layer's attention is plain masked softmax attention, which a capture can stand in for."""
+    return not kwargs.get("dropout") and all(
+        kwargs.get(name) is None for name in ("sliding_window", "softcap", "s_aux")
+    )
 
 
 def install_capture(model: PreTrainedModel) -> str:

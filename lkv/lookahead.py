@@ -271,7 +271,8 @@ class LookaheadAdapter(nn.Module):
         dtype = base.get_input_embeddings().weight.dtype
         embeds = self.embeddings.to(dtype)[None]
         positions = torch.arange(prompt_len, prompt_len + self.config.num_tokens, device=embeds.device)[None]
-        capture = ImportanceCapture(num_keys=prompt_len)
+        # the capture computes the M queries' attention output too: the layer's kernel would repeat its logits
+        capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
         self._set_adapter(True)
         try:
             decoder(

@@ -84,6 +84,39 @@ def test_capture_leaves_outputs_unchanged(tiny_model):
     assert install_capture(model) == model.config._attn_implementation  # idempotent
 
 
+@pytest.mark.parametrize("base", ["sdpa", "eager"])
+def test_capture_that_computes_the_output_replaces_the_layer_kernel(tiny_model, base, monkeypatch):
+    """The lookahead step's capture returns the block's attention output; the layer's kernel is skipped."""
+    model, _ = tiny_model
+    model.set_attn_implementation(base)
+    install_capture(model)
+    torch.manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, 37))
+    block = torch.randn(1, 5, model.config.hidden_size, requires_grad=True)
+    results = {}
+    for computes_output in (False, True):
+        kernel_calls: list[int] = []
+        real = attention._base_attention
+        monkeypatch.setattr(
+            attention, "_base_attention", lambda *a, _r=real, _c=kernel_calls: _c.append(1) or _r(*a)
+        )
+        cache, _ = prefill(model, ids)
+        kernel_calls.clear()
+        capture = ImportanceCapture(num_keys=37, computes_output=computes_output)
+        hidden = model.get_decoder()(inputs_embeds=block, cache=cache, use_cache=True, lkv_capture=capture)
+        weights = torch.linspace(-1, 1, hidden.last_hidden_state.numel()).view_as(hidden.last_hidden_state)
+        grad = torch.autograd.grad((hidden.last_hidden_state * weights).sum(), block)[0]
+        results[computes_output] = (hidden.last_hidden_state, capture.scores(), grad, len(kernel_calls))
+        monkeypatch.undo()
+    (h0, s0, g0, calls0), (h1, s1, g1, calls1) = results[False], results[True]
+    assert calls0 == model.config.num_hidden_layers and calls1 == 0
+    torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(s1, s0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(g1, g0, atol=1e-4 * g0.abs().max().item(), rtol=1e-4)
+    with pytest.raises(ValueError, match="last_queries"):
+        ImportanceCapture(num_keys=4, last_queries=2, computes_output=True)
+
+
 def test_capture_is_differentiable(tiny_model):
     """Lookahead training backpropagates through the captured scores into the block's inputs."""
     model, _ = tiny_model
