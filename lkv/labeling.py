@@ -34,7 +34,8 @@ def response_importance(
     """
     if cache.get_seq_length() != prompt_len:
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
-    capture = ImportanceCapture(num_keys=prompt_len)
+    # every response query is captured, so the capture's fp32 rows also give the attention output
+    capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
     model(input_ids=response_ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
     crop_to(cache, prompt_len)
     return capture.scores(model.config.num_hidden_layers)[0]
