@@ -3,14 +3,22 @@
 ``lkv fit|validate|test`` are LightningCLI subcommands; every other verb is a typed function run through
 jsonargparse, so each accepts ``--config FILE.yaml``, ``--print_config`` and ``--help`` alike. Verbs are
 imported lazily: ``lkv --help`` and config parsing never load torch models.
+
+Bad input (a wrong path, shape, setting or asset) ends with one ``lkv VERB: error: ...`` line and exit
+status 1 instead of a traceback; ``LKV_TRACEBACK=1`` shows the traceback as well.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
+from lkv.assets import AssetsMissingError
+
 LIGHTNING_VERBS = ("fit", "validate", "test")
+# What lkv raises for bad input; anything else is a bug and keeps its traceback.
+INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, AssetsMissingError)
 
 # verb -> ("module:function", one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -45,14 +53,24 @@ def main(argv: list[str] | None = None) -> None:
         print(_usage())
         return
     verb, rest = args[0], args[1:]
+    if verb not in LIGHTNING_VERBS and verb not in VERBS:
+        print(f"lkv: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        _run(verb, rest)
+    except INPUT_ERRORS as error:
+        if os.environ.get("LKV_TRACEBACK"):
+            raise
+        print(f"lkv {verb}: error: {error}\n(LKV_TRACEBACK=1 shows where it was raised)", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _run(verb: str, rest: list[str]) -> None:
     if verb in LIGHTNING_VERBS:
         from lkv.training_cli import lightning_main
 
         lightning_main([verb, *rest])
         return
-    if verb not in VERBS:
-        print(f"lkv: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
-        raise SystemExit(2)
     from jsonargparse import auto_cli
 
     result = auto_cli(_resolve(VERBS[verb][0]), args=rest, as_positional=False)
