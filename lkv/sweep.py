@@ -32,10 +32,13 @@ import csv
 import itertools
 import json
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -363,6 +366,28 @@ def _plot_by_size(
 # The verb
 
 
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM (a scheduler's pre-emption, ``kill``) into ``SystemExit(143)``.
+
+    Python's default SIGTERM ends the process at once and would leave the running `lkv fit` child
+    behind; an exception lets ``subprocess.run`` kill and reap it. The point's atomically written
+    ``last.ckpt`` lets a rerun resume it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def sweep(
     base: str,
     grid: dict[str, list[Any]],
@@ -412,13 +437,16 @@ def sweep(
         raise ValueError(f"grid keys {[k for k in grid if k.startswith(EVAL_PREFIX)]} need an eval_config")
     out = Path(output)
     results, ran = [], 0
-    for index, values in enumerate(points, 1):
-        done = out / "points" / point_name(values) / RESULT_FILE
-        if done.exists():
-            results.append(json.loads(done.read_text()))
-            continue
-        print(f"lkv sweep: point {index}/{len(points)} {point_name(values)}", flush=True)
-        results.append(run_point(values, config, out, eval_config, overhead_tokens, overhead_repeats, device))
-        ran += 1
+    with _exit_on_sigterm():
+        for index, values in enumerate(points, 1):
+            done = out / "points" / point_name(values) / RESULT_FILE
+            if done.exists():
+                results.append(json.loads(done.read_text()))
+                continue
+            print(f"lkv sweep: point {index}/{len(points)} {point_name(values)}", flush=True)
+            results.append(
+                run_point(values, config, out, eval_config, overhead_tokens, overhead_repeats, device)
+            )
+            ran += 1
     summary = write_summary(results, Path(summary_dir or out), grid, score, size_key, group_key)
     return f"lkv sweep: {len(points)} points ({ran} run now, {len(points) - ran} already done); summary: {summary}"

@@ -3,7 +3,10 @@ the summary table and plots, and a rerun that fits nothing again."""
 
 import csv
 import json
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,27 @@ def test_shipped_sweep_configs_parse_and_their_keys_exist(path, capsys):
             assert section in base, f"{relative}: {key} names no section of {config['base']}"
             assert name.isidentifier(), key
     assert len(grid_points(config["grid"])) >= 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child processes from /proc")
+def test_sigterm_also_stops_the_running_fit(tiny_setup, tmp_path):
+    """A pre-empted sweep must not leave its `lkv fit` child writing into the point folder."""
+    config = {
+        "base": str(tiny_setup["fit"]),
+        "output": str(tmp_path / "sweep"),
+        "grid": {"model.num_lookahead": [2]},
+        "overhead_tokens": 0,
+    }
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "lkv.cli", "sweep", "--config", str(tmp_path / "sweep.yaml")]
+    sweep = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children_file = Path(f"/proc/{sweep.pid}/task/{sweep.pid}/children")
+    children: list[str] = []
+    deadline = time.monotonic() + 120
+    while not children and sweep.poll() is None and time.monotonic() < deadline:
+        children = children_file.read_text().split()
+        time.sleep(0.05)
+    assert children, "the sweep never started its fit"
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=60) == 128 + signal.SIGTERM
+    assert not Path(f"/proc/{children[0]}").exists(), "the fit outlived its sweep"
