@@ -211,11 +211,10 @@ def _make_capturing(implementation: str) -> Callable:
             scaling = kwargs.get("scaling")
             scaling = module.scaling if scaling is None else scaling
             for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
-                attend = capture.computes_output and output is None and _plain_softmax(kwargs)
-                result = capture.observe(
-                    module.layer_idx, query, key, attention_mask, scaling, value if attend else None
-                )
-                output = result if attend else output
+                if capture.computes_output and output is None and _plain_softmax(kwargs):
+                    output = capture.observe(module.layer_idx, query, key, attention_mask, scaling, value)
+                else:
+                    capture.observe(module.layer_idx, query, key, attention_mask, scaling)
         if output is not None:
             return output, None
         return _base_attention(implementation, module)(module, query, key, value, attention_mask, **kwargs)
