@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from lkv.assets import AssetsMissingError
+from lkv.model.assets import AssetsMissingError
 
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # What lkv raises for bad input; anything else is a bug and keeps its traceback.
@@ -22,14 +22,14 @@ INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErr
 
 # verb -> ("module:function", one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "assets": ("lkv.assets:fetch_all", "fetch and convert the embedded default model and essays"),
-    "label": ("lkv.labeling_cli:label", "generate responses and ground-truth importance label shards"),
-    "export": ("lkv.export:export", "write a trained lookahead module as a standalone adapter folder"),
-    "generate": ("lkv.inference:generate_command", "compress a prompt's KV cache and generate"),
-    "eval": ("lkv.evaluate:evaluate", "methods × budgets × tasks evaluation with reports"),
-    "sweep": ("lkv.sweep:sweep", "grid of fit (+eval) runs over config keys"),
-    "bench": ("lkv.bench:bench", "side-by-side speed and memory benchmarks"),
-    "demo": ("lkv.demo:demo", "the embedded default end to end: label → fit → eval → report"),
+    "assets": ("lkv.model.assets:fetch_all", "fetch and convert the embedded default model and essays"),
+    "label": ("lkv.labels.predict:label", "generate responses and ground-truth importance label shards"),
+    "export": ("lkv.train.export:export", "write a trained lookahead module as a standalone adapter folder"),
+    "generate": ("lkv.eviction.compressor:generate_command", "compress a prompt's KV cache and generate"),
+    "eval": ("lkv.eval.runner:evaluate", "methods × budgets × tasks evaluation with reports"),
+    "sweep": ("lkv.commands.sweep:sweep", "grid of fit (+eval) runs over config keys"),
+    "bench": ("lkv.perf.bench:bench", "side-by-side speed and memory benchmarks"),
+    "demo": ("lkv.commands.demo:demo", "the embedded default end to end: label → fit → eval → report"),
 }
 
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(verb: str, rest: list[str]) -> None:
     if verb in LIGHTNING_VERBS:
-        from lkv.training_cli import lightning_main
+        from lkv.train.cli import lightning_main
 
         lightning_main([verb, *rest])
         return

@@ -15,10 +15,10 @@ import time
 
 from niah_smoke import PRESS_ARGS, needle_prompt  # (run as a script: scripts/ is on sys.path)
 
-from lkv.backbone import load_backbone
-from lkv.decoding import make_method
-from lkv.decoding.trace import cache_length_traces, plot_cache_lengths
-from lkv.inference import Compressor
+from lkv.eval.trace import cache_length_traces, plot_cache_lengths
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.decoding import make_method
+from lkv.model.backbone import load_backbone
 
 PREFILL_ONLY = ["fullkv", "streamingllm", "snapkv", "h2o", "tova"]
 DECODE_TIME = ["h2o-decode", "scissorhands", "quest"]

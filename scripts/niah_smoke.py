@@ -15,10 +15,10 @@ import argparse
 import random
 import time
 
-from lkv.backbone import load_backbone
-from lkv.data.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document
-from lkv.inference import Compressor, encode_context, load_lookahead
-from lkv.presses import make_press
+from lkv.eviction.compressor import Compressor, encode_context, load_lookahead
+from lkv.eviction.presses import make_press
+from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document
+from lkv.model.backbone import load_backbone
 
 CITIES = ("Chicago", "Lisbon", "Nairobi", "Osaka", "Toronto", "Valencia", "Hanoi", "Oslo")
 QUESTION = (

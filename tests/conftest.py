@@ -117,9 +117,9 @@ def build_tiny_model(
     """A frozen float32 random model of ``family`` (llama: 3 layers, tied head; qwen: Qwen3, 2 layers).
 
     Both have hidden size 64, 4 query heads and 2 KV heads (GQA group 2) of dim 16; ``overrides`` go to
-    the config. Score capture is installed, as :func:`lkv.backbone.load_backbone` does.
+    the config. Score capture is installed, as :func:`lkv.model.backbone.load_backbone` does.
     """
-    from lkv.attention import install_capture
+    from lkv.core.attention import install_capture
 
     tokenizer = build_tokenizer()
     common = {

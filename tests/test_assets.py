@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lkv import assets
+from lkv.model import assets
 
 ESSAY_FILES = {"alpha.txt": "First essay.", "beta.txt": "Second essay."}
 
@@ -150,7 +150,7 @@ def test_embedded_model_loads_fast_and_answers():
     """Uses the real cache (fetching and converting once if needed), then times a load of the converted folder."""
     import torch
 
-    from lkv.backbone import load_backbone
+    from lkv.model.backbone import load_backbone
 
     folder = assets.model_dir()
     assert (folder / "model.safetensors").is_file() and (folder / assets.MARKER).is_file()

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-import lkv.attention as attention
-from lkv.attention import ImportanceCapture, install_capture
-from lkv.generation import prefill
+import lkv.core.attention as attention
+from lkv.core.attention import ImportanceCapture, install_capture
+from lkv.core.generation import prefill
 from tests.reference import eager_reference
 
 

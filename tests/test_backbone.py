@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import torch
 
-from lkv import assets, backbone
-from lkv.backbone import (
+from lkv.model import assets, backbone
+from lkv.model.backbone import (
     ModelSignature,
     check_compatible,
     load_backbone,

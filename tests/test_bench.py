@@ -1,6 +1,6 @@
 """`lkv bench` and its measurement helpers on tiny models.
 
-* the two-phase training step of lkv.module and the naive masked full-sequence step give the same loss and
+* the two-phase training step of lkv.train.module and the naive masked full-sequence step give the same loss and
   gradients (which proves the two-phase step exact), and the mask is what makes them agree;
 * the CPU peak-memory method recovers a known allocation, unpolluted by a larger one measured before;
 * the interleaved timer, the line fit, the benchmark architectures;
@@ -15,14 +15,14 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 import lkv.perf.naive_step
-from lkv.bench import BenchSettings, Workbench, run_benchmarks
 from lkv.cli import main
-from lkv.lookahead import LookaheadAdapter
-from lkv.module import LookaheadKVModule
+from lkv.model.lookahead import LookaheadAdapter
+from lkv.perf.bench import BenchSettings, Workbench, run_benchmarks
 from lkv.perf.memory import subprocess_peak_bytes
 from lkv.perf.models import ARCHITECTURES, random_model
 from lkv.perf.naive_step import naive_loss
 from lkv.perf.timing import Case, linear_fit, time_interleaved
+from lkv.train.module import LookaheadKVModule
 
 TINY = {
     "model": "random:tiny-llama",

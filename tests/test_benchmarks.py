@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lkv.benchmarks import (
+from lkv.eval.tasks import (
     TASKS,
     CodeCompletionTask,
     FidelityTask,
@@ -18,10 +18,10 @@ from lkv.benchmarks import (
     encode_sample,
     make_task,
 )
-from lkv.benchmarks.longbench import PROMPTS, load_records, split_prompt
-from lkv.benchmarks.ruler import NIAH_VARIANTS
-from lkv.benchmarks.text import HeldoutEssays, split_sentences
-from lkv.data.prompts import BuiltinPrompts, essay_documents, split_by_document, stdlib_documents
+from lkv.eval.tasks.longbench import PROMPTS, load_records, split_prompt
+from lkv.eval.tasks.ruler import NIAH_VARIANTS
+from lkv.eval.tasks.text import HeldoutEssays, split_sentences
+from lkv.labels.prompts import BuiltinPrompts, essay_documents, split_by_document, stdlib_documents
 from tests.conftest import ESSAYS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "longbench"

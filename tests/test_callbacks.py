@@ -7,9 +7,9 @@ import pytest
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lkv.callbacks import ImportanceImages, NeedleEval
-from lkv.data.datamodule import LabelDataModule
-from lkv.module import LookaheadKVModule
+from lkv.train.callbacks import ImportanceImages, NeedleEval
+from lkv.train.datamodule import LabelDataModule
+from lkv.train.module import LookaheadKVModule
 from tests.test_module import TINY, label_folders, tiny_backbone  # noqa: F401 (fixtures)
 
 # Far above the tiny needle prompts' length: LookaheadKV keeps everything and must answer as FullKV does.

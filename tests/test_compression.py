@@ -13,9 +13,9 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from lkv.compression import CompressedCache, cache_bytes, gather_cache
-from lkv.generation import prefill
-from lkv.inference import append_tokens
+from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.generation import prefill
+from lkv.eviction.compressor import append_tokens
 
 EVICTED_ATTENTION = "lkv_test_evicted"
 KEEP_KWARG = "lkv_test_keep"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import lkv.module
-from lkv.training_cli import lightning_main
+import lkv.train.module
+from lkv.train.cli import lightning_main
 
 ROOT = Path(__file__).resolve().parents[1]
 OTHER_VERBS = ("eval", "sweeps", "demo")
@@ -41,7 +41,7 @@ def test_config_parses_without_loading_weights(path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise AssertionError("parsing a config must not load a model")
 
-    monkeypatch.setattr(lkv.module, "load_backbone", refuse)
+    monkeypatch.setattr(lkv.train.module, "load_backbone", refuse)
     relative = path.relative_to(ROOT)
     header = path.read_text().splitlines()
     assert header[0].startswith("# "), f"{relative}: must start with a comment header"

@@ -6,11 +6,11 @@ import datasets
 import pytest
 import torch
 
-from lkv.backbone import model_signature
-from lkv.data.datamodule import LabelDataModule
-from lkv.data.shards import ShardWriter
-from lkv.generation import eos_ids
-from lkv.labeling import label_prompt, make_meta
+from lkv.core.generation import eos_ids
+from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.shards import ShardWriter
+from lkv.model.backbone import model_signature
+from lkv.train.datamodule import LabelDataModule
 
 
 def make_label_folder(

@@ -16,8 +16,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from lkv.attention import ImportanceCapture
-from lkv.decoding import (
+from lkv.core.attention import ImportanceCapture
+from lkv.core.generation import decode, greedy, prefill
+from lkv.eval.trace import cache_length_traces, plot_cache_lengths
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.decoding import (
     AttentionRows,
     DecodeStart,
     DecodeTimePress,
@@ -28,12 +31,9 @@ from lkv.decoding import (
     page_bounds,
     page_summaries,
 )
-from lkv.decoding.trace import cache_length_traces, plot_cache_lengths
-from lkv.generation import decode, greedy, prefill
-from lkv.inference import Compressor
-from lkv.lookahead import LookaheadAdapter
-from lkv.presses import make_press
-from lkv.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.presses import make_press
+from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.model.lookahead import LookaheadAdapter
 from tests.reference import eager_attentions
 
 PROMPT_LEN = 40
@@ -457,7 +457,7 @@ def test_methods_are_presses_and_bad_settings_fail_clearly(tiny_llama):
 
 @pytest.mark.slow
 def test_decode_time_methods_on_the_embedded_model():
-    from lkv.backbone import load_backbone
+    from lkv.model.backbone import load_backbone
 
     model, tokenizer = load_backbone("smollm2-135m")
     text = (

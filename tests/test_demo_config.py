@@ -9,16 +9,16 @@ import pytest
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-import lkv.assets
-import lkv.demo
-import lkv.evaluate
-import lkv.export
-import lkv.labeling_cli
-import lkv.module
-import lkv.training_cli
-from lkv.benchmarks import Benchmark, ImportanceTask
+import lkv.commands.demo
+import lkv.eval.runner
+import lkv.labels.predict
+import lkv.model.assets
+import lkv.train.cli
+import lkv.train.export
+import lkv.train.module
 from lkv.cli import main as lkv_main
-from lkv.demo import demo, eval_arguments, fit_config
+from lkv.commands.demo import demo, eval_arguments, fit_config
+from lkv.eval.tasks import Benchmark, ImportanceTask
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
@@ -46,7 +46,7 @@ def test_eval_config_parses_and_builds_its_tasks(path, capsys):
     assert printed["tasks"] and printed["methods"]
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(lkv.evaluate.evaluate)
+    parser.add_function_arguments(lkv.eval.runner.evaluate)
     built = parser.instantiate(parser.parse_args(["--config", str(path)]))
     assert all(isinstance(task, Benchmark) for task in built.tasks)
     assert len(built.tasks) == len(yaml.safe_load(path.read_text())["tasks"])
@@ -76,9 +76,11 @@ def test_fit_config_redirects_the_recipe_and_still_parses(tmp_path, monkeypatch,
     assert config["model"] == recipe["model"]  # the method's settings are the recipe's
     path = tmp_path / "fit.yaml"
     path.write_text(yaml.safe_dump(config))
-    monkeypatch.setattr(lkv.module, "load_backbone", lambda *a, **k: pytest.fail("parsing loaded a model"))
+    monkeypatch.setattr(
+        lkv.train.module, "load_backbone", lambda *a, **k: pytest.fail("parsing loaded a model")
+    )
     with pytest.raises(SystemExit) as exit_info:
-        lkv.training_cli.lightning_main(["fit", "--config", str(path), "--print_config"])
+        lkv.train.cli.lightning_main(["fit", "--config", str(path), "--print_config"])
     assert exit_info.value.code in (0, None)
     assert yaml.safe_load(capsys.readouterr().out)["trainer"]["max_epochs"] == 2
 
@@ -116,7 +118,7 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
         calls.append(f"export {Path(ckpt).name}")
         Path(output).mkdir(parents=True, exist_ok=True)
 
-    @functools.wraps(lkv.evaluate.evaluate)  # the demo parses its suite with evaluate's signature
+    @functools.wraps(lkv.eval.runner.evaluate)  # the demo parses its suite with evaluate's signature
     def fake_evaluate(**arguments):
         calls.append("eval")
         row = {"task": "niah", "sample": "s", "method": "snapkv", "budget": "64", "setting": "aware"}
@@ -125,13 +127,15 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
             file.write(json.dumps(row) + "\n")
         return "evaluated"
 
-    monkeypatch.setattr(lkv.assets, "fetch_all", lambda: calls.append("assets"))
-    monkeypatch.setattr(lkv.labeling_cli, "label", fake_label)
-    monkeypatch.setattr(lkv.training_cli, "lightning_main", fake_fit)
-    monkeypatch.setattr(lkv.export, "export", fake_export)
-    monkeypatch.setattr(lkv.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(lkv.model.assets, "fetch_all", lambda: calls.append("assets"))
+    monkeypatch.setattr(lkv.labels.predict, "label", fake_label)
+    monkeypatch.setattr(lkv.train.cli, "lightning_main", fake_fit)
+    monkeypatch.setattr(lkv.train.export, "export", fake_export)
+    monkeypatch.setattr(lkv.eval.runner, "evaluate", fake_evaluate)
     monkeypatch.setattr(
-        lkv.demo, "cache_length_section", lambda *a: calls.append("trace") or ["## Cache length (fake)"]
+        lkv.commands.demo,
+        "cache_length_section",
+        lambda *a: calls.append("trace") or ["## Cache length (fake)"],
     )
     settings = {
         "output": str(out),

@@ -19,12 +19,12 @@ import pytest
 import torch
 import yaml
 
-from lkv.backbone import load_backbone
 from lkv.cli import main as lkv_main
-from lkv.data.prompts import JsonlPrompts, render_prompt
-from lkv.data.shards import load_labels, read_meta, row_scores, shard_files
-from lkv.generation import eos_ids
-from lkv.labeling import label_prompt
+from lkv.core.generation import eos_ids
+from lkv.labels.labeller import label_prompt
+from lkv.labels.prompts import JsonlPrompts, render_prompt
+from lkv.labels.shards import load_labels, read_meta, row_scores, shard_files
+from lkv.model.backbone import load_backbone
 from tests.conftest import build_tiny_model
 from tests.test_datamodule import make_label_folder
 
@@ -113,7 +113,7 @@ def label_args(root: Path, output: Path, prompts: Path, **options: object) -> li
         "shard_size": 1,
         "accelerator": "cpu",
         "progress": "false",
-        "prompts.class_path": "lkv.data.prompts.JsonlPrompts",
+        "prompts.class_path": "lkv.labels.prompts.JsonlPrompts",
         "prompts.init_args.path": prompts,
         "prompts.init_args.id_field": "id",
         **options,

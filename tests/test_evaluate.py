@@ -6,17 +6,17 @@ import json
 import pytest
 import torch
 
-import lkv.evaluate
-from lkv.backbone import model_signature
-from lkv.benchmarks import ImportanceTask, NeedleTask, encode_sample
-from lkv.data.shards import ShardWriter
-from lkv.decoding import make_method
-from lkv.evaluate import Evaluator, answer_importance, check_run, shared_prefill, with_protected
-from lkv.generation import eos_ids
-from lkv.inference import Compressor
-from lkv.labeling import label_prompt, make_meta
-from lkv.metrics import kendall_tau_b, topk_recall
-from lkv.presses import FullKVPress, OraclePress, PressContext, make_press
+import lkv.eval.runner
+from lkv.core.generation import eos_ids
+from lkv.core.metrics import kendall_tau_b, topk_recall
+from lkv.eval.runner import Evaluator, answer_importance, check_run, shared_prefill, with_protected
+from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.decoding import make_method
+from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, make_press
+from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.shards import ShardWriter
+from lkv.model.backbone import model_signature
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 
@@ -46,7 +46,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
         assert row["kept_tokens"] == int(row["budget"]) and 0 < row["kv_fraction"] < 1
         assert set(row["metrics"]) == {"string_match", "fullkv_f1"} and row["meta"]["depth"] == 0.5
 
-    from lkv.report import write_report
+    from lkv.eval.report import write_report
 
     report = write_report(rows, out, title="tiny", methods=list(presses))
     text = report.read_text()
@@ -66,7 +66,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     def refuse(*args, **kwargs):
         raise AssertionError("a finished sample was prefilled again")
 
-    monkeypatch.setattr(lkv.evaluate, "shared_prefill", refuse)
+    monkeypatch.setattr(lkv.eval.runner, "shared_prefill", refuse)
     again = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False)
     assert len(again.run([needle(tiny_corpus)])) == 8
     monkeypatch.undo()
@@ -76,7 +76,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     (out / "results.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:20])
     calls = []
     monkeypatch.setattr(
-        lkv.evaluate, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
+        lkv.eval.runner, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
     )
     redone = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
         [needle(tiny_corpus)]
@@ -204,17 +204,17 @@ def test_a_folder_of_another_run_is_refused(tmp_path):
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setattr(lkv.evaluate, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
-    monkeypatch.setattr(lkv.evaluate, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.eval.runner, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.eval.runner, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
-        lkv.evaluate.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
+        lkv.eval.runner.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
-        lkv.evaluate.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
+        lkv.eval.runner.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
 
 
 @pytest.mark.slow
 def test_fullkv_finds_a_heldout_needle_on_smollm2(tmp_path):
-    from lkv.backbone import load_backbone
+    from lkv.model.backbone import load_backbone
 
     model, tokenizer = load_backbone("smollm2-135m")
     presses = {"fullkv": FullKVPress(), "streamingllm": make_press("streamingllm")}

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from lkv.cli import main as lkv_main
-from lkv.generation import prefill
-from lkv.lookahead import CONFIG_FILE, EMBEDDINGS_FILE, LookaheadAdapter
-from lkv.module import LookaheadKVModule
+from lkv.core.generation import prefill
+from lkv.model.lookahead import CONFIG_FILE, EMBEDDINGS_FILE, LookaheadAdapter
+from lkv.train.module import LookaheadKVModule
 from tests.conftest import build_tiny_model
 from tests.test_module import fit, label_folders, tiny_backbone  # noqa: F401 (fixtures)
 
@@ -48,7 +48,7 @@ def test_checkpoint_of_another_configuration_is_refused(checkpoint):
 
 
 def test_export_missing_checkpoint(tmp_path):
-    from lkv.export import export
+    from lkv.train.export import export
 
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         export(str(tmp_path / "nope.ckpt"), str(tmp_path / "out"))

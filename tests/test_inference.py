@@ -7,11 +7,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import lkv.backbone
+import lkv.model.backbone
 from lkv.cli import main as lkv_main
-from lkv.generation import prefill
-from lkv.inference import Compressor, append_tokens, encode_context, encode_question, generate_command
-from lkv.presses import make_press
+from lkv.core.generation import prefill
+from lkv.eviction.compressor import (
+    Compressor,
+    append_tokens,
+    encode_context,
+    encode_question,
+    generate_command,
+)
+from lkv.eviction.presses import make_press
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
 
 
@@ -152,7 +158,7 @@ def patched_backbone(monkeypatch, tiny_llama):
         calls.append(name)
         return model, tokenizer
 
-    monkeypatch.setattr(lkv.backbone, "load_backbone", fake_load)
+    monkeypatch.setattr(lkv.model.backbone, "load_backbone", fake_load)
     return calls
 
 
@@ -192,7 +198,7 @@ def test_generate_command_errors(patched_backbone, tmp_path):
 
 
 def test_generate_command_with_an_exported_adapter(patched_backbone, make_tiny_model, tmp_path, capsys):
-    from lkv.lookahead import LookaheadAdapter
+    from lkv.model.lookahead import LookaheadAdapter
 
     donor, _ = make_tiny_model("llama")
     LookaheadAdapter.create(donor, num_tokens=4, lora_rank=2).save(tmp_path / "adapter")
@@ -224,7 +230,7 @@ def test_embedded_model_finds_the_needle_with_full_cache():
     )
     niah = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(niah)
-    model, tokenizer = lkv.backbone.load_backbone()
+    model, tokenizer = lkv.model.backbone.load_backbone()
     context, question, number = niah.needle_prompt(tokenizer, tokens=2000, depth=0.5)
     out = Compressor(model, tokenizer, "fullkv").generate(f"{context}\n\n{question}", max_new_tokens=32)
     assert out.prompt_tokens > 2000 and number in out.text, out.text
@@ -234,11 +240,11 @@ def test_lookahead_from_a_training_checkpoint(monkeypatch, make_tiny_model, tmp_
     """``--adapter last.ckpt``: the checkpoint names its base model; its trained weights score the prompt."""
     import lightning
 
-    import lkv.module
-    from lkv.inference import load_lookahead
-    from lkv.module import LookaheadKVModule
+    import lkv.train.module
+    from lkv.eviction.compressor import load_lookahead
+    from lkv.train.module import LookaheadKVModule
 
-    monkeypatch.setattr(lkv.module, "load_backbone", lambda model, **kw: make_tiny_model("llama"))
+    monkeypatch.setattr(lkv.train.module, "load_backbone", lambda model, **kw: make_tiny_model("llama"))
     module = LookaheadKVModule(model="tiny", num_lookahead=4, lora_rank=2)
     module.configure_model()
     generator = torch.Generator().manual_seed(0)

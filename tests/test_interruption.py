@@ -20,9 +20,9 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lkv.cli import main as lkv_main
-from lkv.data.datamodule import LabelDataModule
-from lkv.data.shards import shard_files
-from lkv.training_cli import AtomicCheckpointIO
+from lkv.labels.shards import shard_files
+from lkv.train.cli import AtomicCheckpointIO
+from lkv.train.datamodule import LabelDataModule
 from tests.test_distributed import (
     assert_labels_match_one_process,
     fit_config,

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from lkv.backbone import model_signature
-from lkv.data.shards import (
+from lkv.core.generation import eos_ids
+from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.shards import (
     ShardWriter,
     finished_ids,
     load_labels,
@@ -12,8 +13,7 @@ from lkv.data.shards import (
     row_scores,
     shard_files,
 )
-from lkv.generation import eos_ids
-from lkv.labeling import label_prompt, make_meta
+from lkv.model.backbone import model_signature
 from tests.reference import eager_reference
 
 

@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 
-from lkv.backbone import load_backbone
 from lkv.cli import main
-from lkv.data.prompts import JsonlPrompts, render_prompt
-from lkv.data.shards import load_labels, read_meta, row_scores
-from lkv.generation import eos_ids
-from lkv.labeling import label_prompt
-from lkv.labeling_cli import label
+from lkv.core.generation import eos_ids
+from lkv.labels.labeller import label_prompt
+from lkv.labels.predict import label
+from lkv.labels.prompts import JsonlPrompts, render_prompt
+from lkv.labels.shards import load_labels, read_meta, row_scores
+from lkv.model.backbone import load_backbone
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp
 
 
 def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, tmp_path, monkeypatch):
-    import lkv.labeling_cli as labeling_cli
+    import lkv.labels.predict as labeling_cli
 
     real, calls = labeling_cli.label_prompt, []
 
@@ -111,7 +111,7 @@ def test_cli_verb_with_a_config_file(saved_model, jsonl, tmp_path, capsys):
     config = tmp_path / "label.yaml"
     config.write_text(
         f"output: {tmp_path / 'cli'}\nmodel: {saved_model}\nresponse_tokens: 3\nprogress: false\n"
-        f"accelerator: cpu\nprompts:\n  class_path: lkv.data.prompts.JsonlPrompts\n"
+        f"accelerator: cpu\nprompts:\n  class_path: lkv.labels.prompts.JsonlPrompts\n"
         f"  init_args:\n    path: {jsonl}\n    id_field: id\n"
     )
     main(["label", "--config", str(config)])

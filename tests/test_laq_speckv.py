@@ -15,13 +15,13 @@ import math
 import pytest
 import torch
 
-from lkv.generation import prefill
-from lkv.inference import Compressor
-from lkv.presses import PressContext
-from lkv.presses.laq import LAQPress, pooled_window_scores
-from lkv.presses.selector import select_indices
-from lkv.presses.snapkv import snapkv_scores
-from lkv.presses.speckv import SpecKVPress, truncated_draft
+from lkv.core.generation import prefill
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.presses import PressContext
+from lkv.eviction.presses.laq import LAQPress, pooled_window_scores
+from lkv.eviction.presses.selector import select_indices
+from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.eviction.presses.speckv import SpecKVPress, truncated_draft
 from tests.reference import eager_reference
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
 

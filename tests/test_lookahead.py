@@ -4,9 +4,9 @@ import pytest
 import torch
 from peft import PeftModel
 
-from lkv.generation import prefill
-from lkv.lookahead import CONFIG_FILE, LookaheadAdapter
-from lkv.metrics import importance_kl
+from lkv.core.generation import prefill
+from lkv.core.metrics import importance_kl
+from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
 
 
 def random_prompt(model, length: int = 24, seed: int = 0) -> torch.Tensor:

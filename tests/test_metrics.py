@@ -6,7 +6,7 @@ from itertools import combinations
 import pytest
 import torch
 
-from lkv.metrics import (
+from lkv.core.metrics import (
     ImportanceKL,
     KendallTau,
     RecallAtC,

@@ -9,11 +9,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lkv.module
-from lkv.callbacks import ImportanceImages
-from lkv.data.datamodule import LabelDataModule
-from lkv.metrics import importance_kl
-from lkv.module import LookaheadKVModule
+import lkv.train.module
+from lkv.core.metrics import importance_kl
+from lkv.train.callbacks import ImportanceImages
+from lkv.train.datamodule import LabelDataModule
+from lkv.train.module import LookaheadKVModule
 from tests.conftest import build_tiny_model
 from tests.test_datamodule import make_label_folder
 
@@ -22,8 +22,8 @@ TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, 
 
 @pytest.fixture
 def tiny_backbone(monkeypatch):
-    """``lkv.module.load_backbone`` returns the tiny Llama (same weights every call); yields its family name."""
-    monkeypatch.setattr(lkv.module, "load_backbone", lambda model, **kw: build_tiny_model("llama"))
+    """``lkv.train.module.load_backbone`` returns the tiny Llama (same weights every call); yields its family name."""
+    monkeypatch.setattr(lkv.train.module, "load_backbone", lambda model, **kw: build_tiny_model("llama"))
     return "llama"
 
 

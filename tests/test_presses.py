@@ -10,12 +10,12 @@
 import pytest
 import torch
 
-from lkv.generation import prefill
-from lkv.inference import Compressor
-from lkv.lookahead import LookaheadAdapter
-from lkv.presses import PRESSES, Press, PressContext, make_press
-from lkv.presses.lookaheadkv import LookaheadKVPress
-from lkv.presses.snapkv import snapkv_scores
+from lkv.core.generation import prefill
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.presses import PRESSES, Press, PressContext, make_press
+from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.model.lookahead import LookaheadAdapter
 from tests.reference import eager_reference
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
 from tests.test_selector import naive_select

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lkv import assets
-from lkv.data.prompts import (
+from lkv.labels.prompts import (
     ESSAY_SOURCE,
     STDLIB_SOURCE,
     BuiltinPrompts,
@@ -20,6 +19,7 @@ from lkv.data.prompts import (
     split_by_document,
     stdlib_documents,
 )
+from lkv.model import assets
 
 # The tiny corpus has 4 essays and 2 usable modules; at 0.5 both sides of the split hold some of each.
 HALF = 0.5

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from lkv.presses.pyramidkv import pyramid_budgets
-from lkv.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.presses.pyramidkv import pyramid_budgets
+from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
 
 
 def naive_select(row: list[float], budget: int, sink: int, recent: int, kernel: int) -> list[int]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import lkv.sweep
+import lkv.commands.sweep
 from lkv.cli import main as lkv_main
-from lkv.sweep import grid_points, point_config, point_name, set_key
+from lkv.commands.sweep import grid_points, point_config, point_name, set_key
 from tests.conftest import build_tiny_model
 from tests.test_datamodule import make_label_folder
 
@@ -49,7 +49,7 @@ def tiny_setup(tmp_path_factory) -> dict[str, Path]:
         "model": str(folder),
         "methods": ["lookaheadkv"],
         "tasks": [
-            {"class_path": "lkv.benchmarks.ImportanceTask", "init_args": {"folder": str(val), "budgets": [4]}}
+            {"class_path": "lkv.eval.tasks.ImportanceTask", "init_args": {"folder": str(val), "budgets": [4]}}
         ],
     }
     (root / "eval.yaml").write_text(yaml.safe_dump(evaluation))
@@ -64,7 +64,7 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
         fits.append(command)
         return real_run(command, **kwargs)
 
-    monkeypatch.setattr(lkv.sweep.subprocess, "run", counting_run)
+    monkeypatch.setattr(lkv.commands.sweep.subprocess, "run", counting_run)
     out, summary = tmp_path / "sweep", tmp_path / "summary"
     config = {
         "base": str(tiny_setup["fit"]),

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lkv.benchmarks.importance import ImportanceTask
-from lkv.benchmarks.metrics import (
+from lkv.eval.tasks.importance import ImportanceTask
+from lkv.eval.tasks.metrics import (
     answer_agreement,
     classification_score,
     code_sim_score,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, PreTrainedModel, Qwen3Config
 
-from lkv.attention import install_capture
+from lkv.core.attention import install_capture
 
 RANDOM_PREFIX = "random:"
 
@@ -164,8 +164,8 @@ def random_model(
 def load_model(
     model: str, dtype: str = "float32", device: str | None = None, attn_implementation: str = "sdpa"
 ) -> PreTrainedModel:
-    """``random:<architecture>`` (see :data:`ARCHITECTURES`) or anything :func:`lkv.backbone.load_backbone` loads."""
-    from lkv.backbone import DTYPES, load_backbone
+    """``random:<architecture>`` (see :data:`ARCHITECTURES`) or anything :func:`lkv.model.backbone.load_backbone` loads."""
+    from lkv.model.backbone import DTYPES, load_backbone
 
     if dtype not in DTYPES or dtype == "auto":
         raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {dtype!r}")

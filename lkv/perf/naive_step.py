@@ -4,7 +4,7 @@ One full-sequence forward + backward over ``[prompt; lookahead]`` with the LoRA 
 and zeroed outside the lookahead tokens by a per-token mask (the "selective LoRA" of the guides): forward
 hooks on peft's ``lora_B`` modules multiply their output by a ``(batch, seq, 1)`` mask. The prompt's
 activations are then kept for backward and its positions run through the LoRA branch, although neither can
-change the loss — exactly the work the two-phase step of :mod:`lkv.module` avoids. Both compute the same
+change the loss — exactly the work the two-phase step of :mod:`lkv.train.module` avoids. Both compute the same
 loss and gradients (tests/test_bench.py checks it), so the comparison is like for like.
 
 Two naive variants differ only in how the lookahead rows' attention is read:
@@ -29,9 +29,9 @@ from peft import PeftModel
 from peft.tuners.lora import LoraLayer
 from transformers import PreTrainedModel
 
-from lkv.attention import ImportanceCapture
-from lkv.lookahead import LookaheadAdapter
-from lkv.metrics import importance_kl
+from lkv.core.attention import ImportanceCapture
+from lkv.core.metrics import importance_kl
+from lkv.model.lookahead import LookaheadAdapter
 
 
 @contextmanager

@@ -1,0 +1,1 @@
+"""One module per `lkv` verb; only :mod:`lkv.cli` imports them."""

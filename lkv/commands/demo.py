@@ -1,0 +1,252 @@
+"""`lkv demo`: the embedded default end to end — assets → label → fit → export → eval → report — on a CPU.
+
+    lkv demo --config configs/demo/smollm2_135m.yaml        (what `make demo` runs)
+
+Every stage reuses what a previous run left: assets are cached, label folders resume, an exported adapter is
+kept (unless ``refit``), and the evaluation resumes its ``results.jsonl``. Each stage's wall time and the
+machine's load average are printed and written at the top of the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lkv.labels.prompts import BuiltinPrompts
+
+
+class StageClock:
+    """Wall time and 1-minute load average (before → after) of named stages."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, float, float, float]] = []
+        self.start = time.perf_counter()
+
+    def run(self, name: str, action: Callable[[], Any]) -> Any:
+        before = os.getloadavg()[0]
+        started = time.perf_counter()
+        result = action()
+        seconds, after = time.perf_counter() - started, os.getloadavg()[0]
+        self.stages.append((name, seconds, before, after))
+        print(f"lkv demo: {name} took {_minutes(seconds)} (load average {before:.1f} → {after:.1f})")
+        return result
+
+    def table(self) -> list[str]:
+        lines = ["| stage | wall time | load average (1 min) before → after |", "|---|---:|---|"]
+        for name, seconds, before, after in self.stages:
+            lines.append(f"| {name} | {_minutes(seconds)} | {before:.1f} → {after:.1f} |")
+        lines.append(f"| **total** | **{_minutes(time.perf_counter() - self.start)}** | |")
+        return lines
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"
+
+
+def fit_config(train_config: str, labels: Path, output: Path, max_epochs: int | None) -> dict[str, Any]:
+    """The training recipe ``train_config`` pointed at the demo's labels and folders.
+
+    Data → ``labels/{train,heldout}``; TensorBoard → ``output/tensorboard/fit``; checkpoints →
+    ``output/fit/checkpoints``; ``max_epochs`` overridden when given. Everything else is the recipe's.
+    """
+    path = Path(train_config)
+    if not path.is_file():
+        raise FileNotFoundError(f"train_config {path}: no such file")
+    config = yaml.safe_load(path.read_text())
+    if not isinstance(config, dict) or not {"model", "trainer", "data"} <= set(config):
+        raise ValueError(f"{path}: expected a LightningCLI config with model, trainer and data sections")
+    trainer = config["trainer"]
+    config["data"] = {**config["data"], "train": str(labels / "train"), "val": str(labels / "heldout")}
+    trainer["default_root_dir"] = str(output / "fit")
+    trainer["logger"] = {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {"save_dir": str(output / "tensorboard"), "name": "fit"},
+    }
+    if max_epochs is not None:
+        trainer["max_epochs"] = max_epochs
+    checkpoints = [
+        c for c in trainer.get("callbacks", []) if c.get("class_path", "").endswith("ModelCheckpoint")
+    ]
+    if len(checkpoints) != 1:
+        raise ValueError(f"{path}: expected exactly one ModelCheckpoint callback, found {len(checkpoints)}")
+    checkpoints[0].setdefault("init_args", {})
+    checkpoints[0]["init_args"].update({"dirpath": str(output / "fit" / "checkpoints"), "save_last": True})
+    return config
+
+
+def eval_arguments(
+    eval_config: str, output: Path, adapter: Path, heldout: Path, title: str
+) -> dict[str, Any]:
+    """``lkv eval`` arguments from ``eval_config``, writing to ``output`` with the demo's adapter and labels.
+
+    Every :class:`~lkv.eval.tasks.ImportanceTask` of the suite is pointed at the demo's held-out labels.
+    """
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from lkv.eval.runner import evaluate
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_function_arguments(evaluate)
+    config = parser.parse_args(["--config", eval_config])
+    for task in config.tasks:
+        if task.class_path.endswith("ImportanceTask"):
+            task.init_args.folder = str(heldout)
+    config.output, config.adapter, config.title = str(output), str(adapter), title
+    instantiated = parser.instantiate(config)
+    return {k: v for k, v in vars(instantiated).items() if k != "config"}
+
+
+TRACE_FILE = "cache_lengths.json"
+
+
+def cache_length_section(adapter: Path, out: Path, budget: int, max_new_tokens: int) -> list[str]:
+    """Cache length over one long generation per method (LookaheadKV alone and with H2O upkeep, the
+    decode-time methods, FullKV): ``out/cache_lengths.json`` (reused when present), a plot in
+    ``out/plots/`` and the report's markdown lines."""
+    from lkv.eval.tasks.text import HeldoutEssays
+    from lkv.eval.trace import cache_length_traces, plot_cache_lengths
+    from lkv.eviction.compressor import Compressor, load_lookahead
+    from lkv.eviction.decoding import H2ODecode
+
+    path = out / TRACE_FILE
+    if path.is_file():
+        traces = json.loads(path.read_text())
+    else:
+        model, tokenizer, lookahead = load_lookahead(str(adapter))
+        essay = " ".join(s.text for s in HeldoutEssays(tokenizer).take(1000, start=0))
+        request = f"{essay}\n\nRetell the text above in detail, paragraph by paragraph."
+        compressors = {
+            "fullkv": Compressor(model, tokenizer, "fullkv"),
+            "lookaheadkv": Compressor(model, tokenizer, lookahead, budget),
+            "lookaheadkv+h2o": Compressor(
+                model, tokenizer, lookahead, budget, decode_policy=H2ODecode(every=16)
+            ),
+            **{m: Compressor(model, tokenizer, m, budget) for m in ("h2o-decode", "scissorhands", "quest")},
+        }
+        traces = cache_length_traces(compressors, request, max_new_tokens)
+        path.write_text(json.dumps(traces))
+    title = f"~1000-token held-out essay, {max_new_tokens} generated tokens, budget {budget}"
+    plot = plot_cache_lengths(traces, budget, out / "plots" / "cache_length.png", title)
+    lines = [
+        f"## Cache length over a {max_new_tokens}-token generation",
+        "",
+        "Entries per KV head (the most any layer holds) before decoding, at the peak and at the end; EOS "
+        "ignored. Prefill-only methods grow by one entry per token; decode-time eviction stays at the budget "
+        "(`lookaheadkv+h2o`: LookaheadKV at prefill, H2O upkeep every 16 tokens); Quest keeps the full cache "
+        "and attends to at most the budget.",
+        "",
+        "| method | after prefill | peak | end |",
+        "|---|---:|---:|---:|",
+        *(f"| {m} | {t[0]} | {max(t)} | {t[-1]} |" for m, t in traces.items()),
+        "",
+        f"![cache length](plots/{plot.name})",
+        "",
+    ]
+    return lines
+
+
+def demo(
+    output: str = "reports/demo",
+    labels: str = "data/labels/demo",
+    train_prompts: int = 64,
+    heldout_prompts: int = 16,
+    min_words: int = 600,
+    max_words: int = 800,
+    response_tokens: int = 64,
+    max_prompt_tokens: int = 1024,
+    train_config: str = "configs/smollm2_135m.yaml",
+    max_epochs: int | None = None,
+    eval_config: str = "configs/eval/default.yaml",
+    refit: bool = False,
+    trace_tokens: int = 512,
+    trace_budget: int = 128,
+    progress: bool = True,
+) -> str:
+    """Label → fit → export → eval on the embedded SmolLM2-135M-Instruct, then write a report folder.
+
+    Args:
+        output: report folder (report.md, summary.csv, plots/, tensorboard/, results.jsonl, the fitted
+            adapter and the exact training config used).
+        labels: label root; ``train/`` and ``heldout/`` are created (or resumed) under it.
+        train_prompts: built-in training prompts (essays + standard-library code, train documents only).
+        heldout_prompts: built-in held-out prompts (validation and the importance benchmark).
+        min_words: shortest prompt passage, in words.
+        max_words: longest prompt passage, in words.
+        response_tokens: R, response tokens per label.
+        max_prompt_tokens: prompt length limit of the labels.
+        train_config: LightningCLI training recipe (its data paths, logger and checkpoint folder are redirected).
+        max_epochs: override the recipe's epochs.
+        eval_config: ``lkv eval`` suite (output, adapter and importance labels are set by the demo).
+        refit: train again even when ``output/adapter`` exists (its old results are discarded).
+        trace_tokens: length of the generation whose cache length per method the report plots (0: none).
+        trace_budget: eviction budget of that generation.
+        progress: show progress bars.
+    """
+    from lkv.eval.report import write_report
+    from lkv.eval.runner import RESULTS_FILE, RUN_FILE, ResultsFile, evaluate
+    from lkv.labels.predict import label
+    from lkv.model import assets
+    from lkv.train.cli import lightning_main
+    from lkv.train.export import export
+
+    out, label_root = Path(output), Path(labels)
+    adapter = out / "adapter"
+    clock = StageClock()
+    print(f"lkv demo: report folder {out}, labels {label_root}; load average {os.getloadavg()[0]:.1f}")
+    clock.run("assets (fetch if missing)", assets.fetch_all)
+    for split, count in (("train", train_prompts), ("heldout", heldout_prompts)):
+        prompts = BuiltinPrompts(split=split, num_prompts=count, min_words=min_words, max_words=max_words)
+        clock.run(
+            f"label {split} ({count} prompts, R={response_tokens})",
+            lambda split=split, prompts=prompts: label(
+                output=str(label_root / split),
+                prompts=prompts,
+                response_tokens=response_tokens,
+                max_prompt_tokens=max_prompt_tokens,
+                truncation="middle",
+                progress=progress,
+            ),
+        )
+    if refit or not adapter.is_dir():
+        config = fit_config(train_config, label_root, out, max_epochs)
+        out.mkdir(parents=True, exist_ok=True)
+        config_path = out / "fit.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        shutil.rmtree(out / "fit" / "checkpoints", ignore_errors=True)
+        clock.run(f"fit ({config_path})", lambda: lightning_main(["fit", "--config", str(config_path)]))
+        # The last checkpoint, not the best by validation recall: the validation labels are also the
+        # importance benchmark's, and choosing on them would flatter LookaheadKV there.
+        last = out / "fit" / "checkpoints" / "last.ckpt"
+        clock.run("export adapter", lambda: export(str(last), str(adapter)))
+        for stale in (RESULTS_FILE, RUN_FILE, TRACE_FILE):  # results of an earlier adapter
+            (out / stale).unlink(missing_ok=True)
+    else:
+        print(f"lkv demo: reusing the adapter in {adapter} (pass --refit true to train again)")
+    title = "LookaheadKV on SmolLM2-135M-Instruct (lkv demo)"
+    arguments = eval_arguments(eval_config, out, adapter, label_root / "heldout", title)
+    arguments["progress"] = progress
+    clock.run("eval", lambda: evaluate(**arguments))
+    trace = []
+    if trace_tokens > 0:
+        trace = clock.run(
+            f"cache length over a {trace_tokens}-token generation",
+            lambda: cache_length_section(adapter, out, trace_budget, trace_tokens),
+        )
+    rows = ResultsFile(out / RESULTS_FILE).rows
+    notes = [
+        f"Made by `lkv demo` (eval suite `{eval_config}`, training recipe `{train_config}`); wall times on "
+        f"this machine ({os.cpu_count()} CPUs):",
+        "",
+        *clock.table(),
+    ]
+    report = write_report(rows, out, title=title, methods=arguments["methods"], notes=notes, appendix=trace)
+    print("\n".join(["", *clock.table(), ""]))
+    return f"lkv demo: report at {report}"

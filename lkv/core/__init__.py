@@ -1,0 +1,2 @@
+"""Stage 0, the mechanics every stage uses: attention capture, prefill/decode over an explicit cache, cache
+gathering, importance math and ranking metrics. Imports nothing of lkv above it and never Lightning."""

@@ -1,0 +1,248 @@
+"""Importance capture through the transformers attention interface.
+
+Every eviction signal in lkv — ground-truth labels, the lookahead tokens' predictions, SnapKV/TOVA/H2O
+windows — is the same quantity: for a block of query tokens, the attention mass that each KV head puts on
+the first ``S`` keys, averaged over the block's queries and over the query heads of the GQA group, then
+renormalised over those ``S`` keys.
+
+``install_capture(model)`` switches a model to a wrapped copy of its own attention implementation (sdpa,
+eager, flash, ...). The wrapper is a no-op unless a forward pass is given ``lkv_capture=ImportanceCapture``
+(or a list of them, e.g. several methods' windows from one prefill) as a keyword argument, which transformers threads down to the attention function of every layer. The
+capture then computes the block's attention rows itself in fp32, in query chunks, and immediately reduces
+them to ``(batch, kv_heads, S)``: memory is O(L·H_kv·S) for the result plus one chunk of rows for one
+layer at a time — never an S×S matrix, never all layers' attention at once.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+
+CAPTURE_KWARG = "lkv_capture"
+_PREFIX = "lkv_"
+# Upper bound on one chunk of fp32 attention rows (batch · heads · queries · keys): 2^26 floats = 256 MiB.
+_CHUNK_ELEMENTS = 1 << 26
+
+
+class ImportanceCapture:
+    """Collects the reduced attention of one query block on the first ``num_keys`` keys, layer by layer.
+
+    Args:
+        num_keys: ``S``, the number of leading keys (the prompt) whose attention mass is kept.
+        last_queries: use only the last ``n`` queries of each observed block (SnapKV/TOVA windows inside
+            a prefill); ``None`` uses every query of the block.
+        computes_output: also compute the block's attention output from the same fp32 probabilities, so
+            the layer skips its own attention kernel, which would compute the same logits again (the
+            lookahead step, where every query of the block is captured). Needs ``last_queries=None``.
+
+    Several forward passes may feed the same capture (e.g. a response teacher-forced in pieces): the
+    per-layer sums accumulate and are normalised once in :meth:`scores`.
+    """
+
+    def __init__(self, num_keys: int, last_queries: int | None = None, computes_output: bool = False) -> None:
+        if num_keys <= 0:
+            raise ValueError(f"num_keys must be positive, got {num_keys}")
+        if last_queries is not None and last_queries <= 0:
+            raise ValueError(f"last_queries must be positive or None, got {last_queries}")
+        if computes_output and last_queries is not None:
+            raise ValueError("computes_output needs every query of the block: last_queries must be None")
+        self.num_keys = num_keys
+        self.last_queries = last_queries
+        self.computes_output = computes_output
+        self._sums: dict[int, torch.Tensor] = {}
+
+    def observe(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        value: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """Add one layer's block attention to the running sums.
+
+        Args:
+            query: ``(batch, heads, Q, head_dim)`` after RoPE.
+            key: ``(batch, kv_heads, K, head_dim)``, the whole cache including the block (K ≥ Q).
+            attention_mask: the mask the layer's attention got: ``None`` (plain causal), a boolean
+                ``(batch|1, 1|heads, Q, K)`` mask (True = may attend) or an additive float one.
+            scaling: the softmax temperature the layer uses (usually ``head_dim ** -0.5``).
+            value: ``(batch, kv_heads, K, head_dim)``; given only when ``computes_output``.
+
+        Returns:
+            With ``value``, the block's attention output ``(batch, Q, heads, head_dim)`` in the query's
+            dtype (the layout transformers' attention functions return); otherwise ``None``.
+        """
+        first = self.first_query(layer_idx, query, key)
+        batch, heads, q_len = query.shape[:3]
+        key32 = key.float()
+        value32 = None if value is None else value.float()
+        chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
+        total = None
+        outputs = []
+        for start in range(first, q_len, chunk):
+            probs = grouped_attention(query, key32, attention_mask, scaling, start, min(start + chunk, q_len))
+            part = probs[..., : self.num_keys].sum(dim=(2, 3))
+            total = part if total is None else total + part
+            if value32 is not None:
+                with torch.autocast(query.device.type, enabled=False):
+                    outputs.append(torch.einsum("bkgqn,bknd->bkgqd", probs, value32).flatten(1, 2))
+        previous = self._sums.get(layer_idx)
+        self._sums[layer_idx] = total if previous is None else previous + total
+        if value32 is None:
+            return None
+        return torch.cat(outputs, dim=2).transpose(1, 2).to(query.dtype).contiguous()
+
+    def first_query(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> int:
+        """Index of the first block query this capture reduces, once the shapes are checked.
+
+        Args:
+            query: ``(batch, heads, Q, head_dim)``; key: ``(batch, kv_heads, K, head_dim)``.
+        """
+        heads, q_len = query.shape[1], query.shape[2]
+        kv_heads, k_len = key.shape[1], key.shape[2]
+        if heads % kv_heads:
+            raise ValueError(
+                f"layer {layer_idx}: {heads} query heads are not a multiple of {kv_heads} KV heads"
+            )
+        if k_len < self.num_keys:
+            raise ValueError(
+                f"layer {layer_idx}: cache holds {k_len} keys, fewer than num_keys={self.num_keys}"
+            )
+        return 0 if self.last_queries is None else max(q_len - self.last_queries, 0)
+
+    @property
+    def layers(self) -> list[int]:
+        """Indices of the layers observed so far."""
+        return sorted(self._sums)
+
+    def scores(self, num_layers: int | None = None) -> torch.Tensor:
+        """Normalised importance ``(batch, layers, kv_heads, S)``; every ``[b, l, h]`` row sums to 1.
+
+        Args:
+            num_layers: expected layer count; raises if some layer was never observed (e.g. a model whose
+                attention does not go through the transformers attention interface).
+        """
+        if not self._sums:
+            raise RuntimeError(
+                "no attention was captured: was the model prepared with lkv.core.attention.install_capture() "
+                f"and the forward pass given {CAPTURE_KWARG}=...?"
+            )
+        if num_layers is not None and self.layers != list(range(num_layers)):
+            raise RuntimeError(f"captured layers {self.layers}, expected 0..{num_layers - 1}")
+        stacked = torch.stack([self._sums[i] for i in self.layers], dim=1)
+        return stacked / stacked.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(stacked.dtype).tiny)
+
+
+def grouped_attention(
+    query: torch.Tensor,
+    key32: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """fp32 softmax attention of block queries ``start:stop`` on every key, per GQA group.
+
+    Args:
+        query: ``(batch, heads, Q, head_dim)`` after RoPE; the block is the tail of the cache.
+        key32: ``(batch, kv_heads, K, head_dim)`` float32 keys, the whole cache.
+        attention_mask: as in :meth:`ImportanceCapture.observe`.
+
+    Returns:
+        ``(batch, kv_heads, group, stop - start, K)``: the query heads of one GQA group share a KV head.
+    """
+    batch, heads, q_len, head_dim = query.shape
+    kv_heads, k_len = key32.shape[1], key32.shape[2]
+    grouped = query[:, :, start:stop].reshape(batch, kv_heads, heads // kv_heads, stop - start, head_dim)
+    # fp32 rows even under bf16 autocast: the scores of ~S keys are ~1/S each and feed a KL loss.
+    with torch.autocast(query.device.type, enabled=False):
+        logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), key32) * scaling
+        logits = _apply_mask(logits, attention_mask, start, stop, q_len, k_len)
+        return torch.softmax(logits, dim=-1)
+
+
+def _apply_mask(
+    logits: torch.Tensor, mask: torch.Tensor | None, start: int, stop: int, q_len: int, k_len: int
+) -> torch.Tensor:
+    """Mask ``logits (batch, kv_heads, group, stop-start, K)`` for block queries ``start:stop``."""
+    if mask is None:
+        # Plain causal: block query i sits at key index K - Q + i (the block is the tail of the cache).
+        rows = torch.arange(start, stop, device=logits.device) + (k_len - q_len)
+        allowed = torch.arange(k_len, device=logits.device)[None, :] <= rows[:, None]
+        return logits.masked_fill(~allowed, float("-inf"))
+    rows = mask[..., start:stop, :k_len]
+    # (batch|1, heads|1, q, K) → broadcast over (batch, kv_heads, group, q, K)
+    if rows.shape[1] == 1:
+        rows = rows[:, :, None]
+    else:
+        rows = rows.reshape(rows.shape[0], logits.shape[1], logits.shape[2], stop - start, k_len)
+    if rows.dtype == torch.bool:
+        return logits.masked_fill(~rows, float("-inf"))
+    return logits + rows.float()
+
+
+def _base_attention(implementation: str, module: nn.Module) -> Callable:
+    """The attention function the model would use without lkv (eager lives in each modeling file)."""
+    if implementation == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def _make_capturing(implementation: str) -> Callable:
+    def capturing_attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs,
+    ):
+        captures = kwargs.pop(CAPTURE_KWARG, None)
+        output = None
+        if captures is not None:
+            scaling = kwargs.get("scaling")
+            scaling = module.scaling if scaling is None else scaling
+            for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
+                if capture.computes_output and output is None and _plain_softmax(kwargs):
+                    output = capture.observe(module.layer_idx, query, key, attention_mask, scaling, value)
+                else:
+                    capture.observe(module.layer_idx, query, key, attention_mask, scaling)
+        if output is not None:
+            return output, None
+        return _base_attention(implementation, module)(module, query, key, value, attention_mask, **kwargs)
+
+    return capturing_attention
+
+
+def _plain_softmax(kwargs: dict) -> bool:
+    """Whether the layer's attention is plain masked softmax attention, which a capture can stand in for."""
+    return not kwargs.get("dropout") and all(
+        kwargs.get(name) is None for name in ("sliding_window", "softcap", "s_aux")
+    )
+
+
+def install_capture(model: PreTrainedModel) -> str:
+    """Route ``model``'s attention through the capturing wrapper of its current implementation.
+
+    Idempotent. Returns the new implementation name (``lkv_<base>``). Outputs are unchanged: the wrapper
+    calls the original implementation and only adds work when ``lkv_capture`` is passed.
+    """
+    current = model.config._attn_implementation
+    if current.startswith(_PREFIX):
+        return current
+    if getattr(model.config, "attn_logit_softcapping", None):
+        raise NotImplementedError(f"{model.config.model_type}: attention logit soft-capping is not supported")
+    name = _PREFIX + current
+    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        AttentionInterface.register(name, _make_capturing(current))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
+    model.set_attn_implementation(name)
+    return name

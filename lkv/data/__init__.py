@@ -1,1 +1,0 @@
-"""Prompt sources, label shards and the DataModule."""

@@ -1,0 +1,1 @@
+"""Stage 3, evaluation: tasks, the `lkv eval` runner, reports and cache traces. Never imports Lightning."""

@@ -1,0 +1,492 @@
+"""`lkv eval`: eviction methods × budgets × tasks × {question-aware, question-agnostic}, resumable, with reports.
+
+    lkv eval --config configs/eval/niah.yaml --adapter runs/smollm2_135m/adapter
+
+Per sample and setting the prompt is prefilled **once**: every method's prefill capture (SnapKV's window,
+TOVA's last query, H2O's every query; identical ones shared) rides on that one forward pass, every method
+scores the same cache, and each (method, budget) then only evicts a copy and decodes. The FullKV answer is
+decoded first: it is the FullKV result, the reference of fidelity tasks, and the source of the Oracle's
+scores — the attention its own answer tokens pay to the prompt (teacher-forced on the full cache, after the
+question in the question-agnostic setting), i.e. s_GT of DESIGN §1 for the answer actually given.
+
+Settings (see :mod:`lkv.eval.tasks.base`): ``aware`` prefills context + question and compresses it all
+(the paper's protocol); ``agnostic`` compresses the context alone, then appends the question to the
+compressed cache. The tokens are identical, so the settings differ only in when compression happens.
+
+Output folder::
+
+    results.jsonl    one row per (task, sample, method, budget, setting), appended and flushed as it is made;
+                     a rerun skips finished rows
+    run.json         model, adapter fingerprint and method settings; a rerun with other ones is refused
+    summary.csv, report.md, plots/*.png, tensorboard/   (see :mod:`lkv.eval.report`)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from lkv.core.attention import ImportanceCapture
+from lkv.core.cache import cache_bytes
+from lkv.core.generation import crop_to, prefill
+from lkv.eval.report import FULL, NO_BUDGET, write_report
+from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
+from lkv.eval.tasks.importance import NOT_RANKED
+from lkv.eval.tasks.metrics import answer_agreement
+from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt, load_lookahead
+from lkv.eviction.decoding import make_method
+from lkv.eviction.presses import FullKVPress, OraclePress, Press, PressContext
+from lkv.model.backbone import load_backbone, model_signature
+
+SETTINGS = ("aware", "agnostic")
+Setting = Literal["aware", "agnostic"]
+DEFAULT_METHODS = (
+    "fullkv",
+    "oracle",
+    "lookaheadkv",
+    "snapkv",
+    "pyramidkv",
+    "streamingllm",
+    "h2o",
+    "tova",
+    "random",
+    "h2o-decode",
+    "scissorhands",
+    "quest",
+)
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+
+
+def budget_key(method: str, budget: int | float | None) -> str:
+    """The budget column of a result row."""
+    if method == "fullkv":
+        return FULL
+    return NO_BUDGET if budget is None else str(budget)
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    return (row["task"], row["sample"], row["method"], row["budget"], row["setting"])
+
+
+class ResultsFile:
+    """Append-only JSONL of result rows; rows already present are reported done (resume)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                for number, line in enumerate(lines, start=1):
+                    try:
+                        self.rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        # Only a run killed mid-write leaves a broken line, and only as the last one.
+                        print(f"lkv eval: ignoring unreadable line {number} of {path} (interrupted write)")
+        self.done = {row_key(row): row for row in self.rows}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+        self.rows.append(row)
+        self.done[row_key(row)] = row
+
+
+@dataclass
+class Prefilled:
+    """One prefill shared by every method: ``ids (1, S)``, the full cache and each method's capture."""
+
+    ids: torch.Tensor
+    cache: DynamicCache
+    next_logits: torch.Tensor
+    captures: dict[str, ImportanceCapture | None]
+    seconds: float
+
+    @property
+    def prompt_len(self) -> int:
+        return self.ids.shape[1]
+
+
+@torch.no_grad()
+def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str, Press]) -> Prefilled:
+    """Prefill ``ids`` once with the captures of all ``presses``.
+
+    Presses asking for the same capture (same kind, key count and query window) share one object: a press
+    only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of their own).
+    """
+    unique: dict[tuple[type, int, int | None], ImportanceCapture] = {}
+    captures: dict[str, ImportanceCapture | None] = {}
+    for name, press in presses.items():
+        capture = press.prefill_capture(ids.shape[1])
+        if capture is not None:
+            capture = unique.setdefault((type(capture), capture.num_keys, capture.last_queries), capture)
+        captures[name] = capture
+    kwargs = {"lkv_capture": list(unique.values())} if unique else {}
+    start = time.perf_counter()
+    cache, next_logits = prefill(model, ids, **kwargs)
+    return Prefilled(ids, cache, next_logits, captures, time.perf_counter() - start)
+
+
+@torch.no_grad()
+def answer_importance(
+    model: PreTrainedModel, cache: DynamicCache, prompt_len: int, appended: list[int], answer: list[int]
+) -> torch.Tensor:
+    """Oracle scores ``(1, layers, kv_heads, S)``: attention of the ``answer`` tokens on the prompt's keys.
+
+    ``appended`` (the question, question-agnostic setting) and ``answer`` are teacher-forced on the prompt's
+    full cache; only the answer's queries are reduced. The cache is cropped back to ``prompt_len``.
+    """
+    capture = ImportanceCapture(prompt_len, last_queries=len(answer))
+    ids = torch.tensor([appended + answer], device=cache.layers[0].keys.device)
+    try:
+        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
+    finally:
+        crop_to(cache, prompt_len)
+    return capture.scores(model.config.num_hidden_layers)
+
+
+def with_protected(scores: torch.Tensor, press: Press) -> torch.Tensor:
+    """``scores (..., S)`` with the positions ``press`` always keeps (sink, recent window) set to ``+inf``."""
+    prompt_len = scores.shape[-1]
+    sink, recent = press.protected(prompt_len)
+    out = scores.float().clone()
+    out[..., :sink] = float("inf")
+    if recent:
+        out[..., prompt_len - recent :] = float("inf")
+    return out
+
+
+class Evaluator:
+    """Runs benchmarks for a set of eviction methods on one model, appending rows to ``output/results.jsonl``.
+
+    Args:
+        model: the model every method compresses (for LookaheadKV: the base model its adapter is injected in).
+        tokenizer: its tokenizer.
+        presses: method name → press. ``fullkv`` and ``oracle`` need no real press (any instance will do:
+            FullKV keeps everything, the Oracle's scores come from the FullKV answer).
+        budgets: tokens kept per KV head (ints) or ratios of the prompt (floats).
+        settings: ``aware`` and/or ``agnostic``.
+        output: result folder.
+        progress: show progress bars.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        presses: dict[str, Press],
+        budgets: Iterable[int | float],
+        settings: Iterable[Setting] = SETTINGS,
+        output: str | Path = "reports/eval",
+        progress: bool = True,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.budgets = list(budgets)
+        self.settings = list(settings)
+        unknown = [s for s in self.settings if s not in SETTINGS]
+        if unknown or not self.settings:
+            raise ValueError(f"settings must be a non-empty subset of {SETTINGS}, got {self.settings}")
+        if not self.budgets:
+            raise ValueError("give at least one budget")
+        self.methods = list(presses)
+        self.compressors = {name: Compressor(model, tokenizer, press) for name, press in presses.items()}
+        self.full = self.compressors.get("fullkv") or Compressor(model, tokenizer, FullKVPress())
+        self.output = Path(output)
+        self.results = ResultsFile(self.output / RESULTS_FILE)
+        self.progress = progress
+
+    def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
+        """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
+        for benchmark in benchmarks:
+            if isinstance(benchmark, ImportanceTask):
+                self._importance(benchmark)
+            elif isinstance(benchmark, Task):
+                self._end_task(benchmark)
+            else:
+                raise TypeError(f"{type(benchmark).__name__} is neither a Task nor an ImportanceTask")
+        return self.results.rows
+
+    # --- end tasks ----------------------------------------------------------------------------------------
+
+    def _pending(self, task: str, sample: str, setting: str) -> list[tuple[str, int | float | None]]:
+        todo = []
+        for method in self.methods:
+            for budget in [None] if method == "fullkv" else self.budgets:
+                if (task, sample, method, budget_key(method, budget), setting) not in self.results.done:
+                    todo.append((method, budget))
+        return todo
+
+    def _end_task(self, task: Task) -> None:
+        samples = task.samples(self.tokenizer)
+        units = [(sample, setting) for sample in samples for setting in self.settings]
+        bar = tqdm(units, desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
+        for sample, setting in bar:
+            todo = self._pending(task.name, sample.id, setting)
+            if todo:
+                bar.set_postfix_str(f"{sample.id} {setting}")
+                self._run_sample(task, sample, setting, todo)
+
+    def _run_sample(
+        self, task: Task, sample: Sample, setting: str, todo: list[tuple[str, int | float | None]]
+    ) -> None:
+        context, question = encode_sample(sample, self.tokenizer)
+        aware = setting == "aware"
+        appended = [] if aware else question
+        ids = torch.tensor([context + question if aware else context], device=self.full.device)
+        scorers = {m: self.compressors[m].press for m, _ in todo if m not in ("fullkv", "oracle")}
+        shared = shared_prefill(self.model, ids, scorers)
+        full_scored = ScoredPrompt(
+            ids, shared.cache, shared.next_logits, None, cache_bytes(shared.cache), shared.seconds, 0.0
+        )
+        full = self.results.done.get((task.name, sample.id, "fullkv", FULL, setting))
+        if full is None:
+            gen = self._generate(self.full, full_scored, None, sample, appended)
+            full = self._row(task, sample, setting, "fullkv", None, gen, gen.text, 0.0)
+            if "fullkv" in self.methods:
+                self.results.add(full)
+        reference = full["prediction"]
+        scored: dict[str, ScoredPrompt] = {}
+        for method in dict.fromkeys(m for m, _ in todo if m != "fullkv"):
+            if method == "oracle":
+                start = time.perf_counter()
+                scores = answer_importance(
+                    self.model, shared.cache, ids.shape[1], appended, full["answer_ids"]
+                )
+                seconds = time.perf_counter() - start
+            else:
+                scores, seconds = self._press_scores(method, shared)
+            scored[method] = ScoredPrompt(
+                ids,
+                shared.cache,
+                shared.next_logits,
+                scores,
+                full_scored.kv_bytes_full,
+                shared.seconds,
+                seconds,
+            )
+        for method, budget in todo:
+            if method == "fullkv":
+                continue
+            gen = self._generate(self.compressors[method], scored[method], budget, sample, appended)
+            self.results.add(
+                self._row(task, sample, setting, method, budget, gen, reference, scored[method].score_s)
+            )
+
+    def _press_scores(self, method: str, shared: Prefilled) -> tuple[torch.Tensor, float]:
+        """``method``'s ``(1, layers, kv_heads, S)`` scores of a shared prefill, and the seconds they took."""
+        ctx = PressContext(
+            self.model,
+            shared.ids,
+            shared.cache,
+            shared.next_logits,
+            shared.captures[method],
+            self.full.eos_token_ids,
+        )
+        start = time.perf_counter()
+        scores = self.compressors[method].press.score(ctx)
+        return scores, time.perf_counter() - start
+
+    def _generate(
+        self,
+        compressor: Compressor,
+        scored: ScoredPrompt,
+        budget: int | float | None,
+        sample: Sample,
+        appended: list[int],
+    ) -> Generation:
+        compressed = compressor.evict(scored, budget)
+        if appended:
+            return compressor.answer(compressed, appended, sample.max_new_tokens, stop=sample.stop)
+        return compressor.decode(compressed, sample.max_new_tokens, stop=sample.stop)
+
+    def _row(
+        self,
+        task: Task,
+        sample: Sample,
+        setting: str,
+        method: str,
+        budget: int | float | None,
+        gen: Generation,
+        reference: str,
+        score_s: float,
+    ) -> dict[str, Any]:
+        metrics = task.score(gen.text, sample, reference if task.needs_reference else None)
+        if method != "fullkv":
+            metrics["fullkv_f1"] = answer_agreement(gen.text, reference)  # agreement with FullKV, every task
+        return {
+            "task": task.name,
+            "sample": sample.id,
+            "method": method,
+            "budget": budget_key(method, budget),
+            "setting": setting,
+            "score": metrics[task.metric],
+            "metrics": metrics,
+            "prediction": gen.text,
+            "answers": sample.answers,
+            "answer_ids": gen.token_ids,
+            "finish": gen.finish_reason,
+            "prompt_tokens": gen.prompt_tokens,
+            "kept_tokens": sum(gen.kept_per_layer) / len(gen.kept_per_layer),
+            "kv_fraction": gen.kv_bytes_kept / gen.kv_bytes_full,
+            "prefill_s": gen.prefill_s,
+            "score_s": score_s,
+            "decode_s": gen.question_s + gen.decode_s,
+            "meta": {k: v for k, v in sample.meta.items() if k != "all_classes"},
+        }
+
+    # --- importance quality -------------------------------------------------------------------------------
+
+    def _importance(self, task: ImportanceTask) -> None:
+        task.check_model(model_signature(self.model, self.tokenizer, "evaluated model"))
+        methods = [m for m in self.methods if m not in NOT_RANKED]
+        labels = task.samples(self.tokenizer)  # lazily: each holds a (layers, kv_heads, S) target
+        for label in tqdm(labels, desc="eval importance", unit="prompt", disable=not self.progress):
+            todo = [
+                m for m in methods if (task.name, label.id, m, NO_BUDGET, "aware") not in self.results.done
+            ]
+            if not todo:
+                continue
+            ids = torch.tensor([label.prompt_ids], device=self.full.device)
+            presses = {m: self.compressors[m].press for m in todo}
+            shared = shared_prefill(self.model, ids, presses)
+            for method in todo:
+                scores, seconds = self._press_scores(method, shared)
+                scores = scores[0]
+                metrics = task.score(with_protected(scores, presses[method]).cpu(), label.target)
+                self.results.add(
+                    {
+                        "task": task.name,
+                        "sample": label.id,
+                        "method": method,
+                        "budget": NO_BUDGET,
+                        "setting": "aware",
+                        "score": metrics[task.metric],
+                        "metrics": metrics,
+                        "prompt_tokens": len(label.prompt_ids),
+                        "prefill_s": shared.seconds,
+                        "score_s": seconds,
+                        "meta": {},
+                    }
+                )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The verb
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 (first 16 hex digits) of a file, or of a folder's files in name order."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_run(output: Path, info: dict[str, Any]) -> None:
+    """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings."""
+    path = output / RUN_FILE
+    if path.exists():
+        previous = json.loads(path.read_text())
+        differing = sorted(k for k in info if previous.get(k) != info[k])
+        if differing:
+            raise ValueError(
+                f"{output} holds results of another run (differs in: {', '.join(differing)}: "
+                f"{ {k: previous.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
+                "use another --output or delete the folder"
+            )
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=2, sort_keys=True))
+
+
+def evaluate(
+    tasks: list[Benchmark],
+    methods: tuple[str, ...] = DEFAULT_METHODS,
+    budgets: tuple[int | float, ...] = (64, 128),
+    settings: tuple[Setting, ...] = SETTINGS,
+    output: str = "reports/eval",
+    model: str = "smollm2-135m",
+    adapter: str | None = None,
+    press_args: dict[str, dict[str, Any]] | None = None,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    device: str | None = None,
+    progress: bool = True,
+    title: str | None = None,
+) -> str:
+    """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
+
+    Args:
+        tasks: benchmarks, e.g. ``[{class_path: lkv.eval.tasks.NeedleTask, init_args: {lengths: [1024]}}]``.
+        methods: eviction methods: fullkv, oracle, lookaheadkv, snapkv, pyramidkv, streamingllm, h2o, tova,
+            random, laq, speckv (once after prefill) and h2o-decode, scissorhands, quest (acting while
+            decoding; :mod:`lkv.eviction.decoding`).
+        budgets: KV entries kept per head: whole numbers of tokens (paper) or ratios of the prompt in (0, 1].
+        settings: ``aware`` (question inside the compressed prompt, as in the paper) and/or ``agnostic``
+            (context compressed before the question is appended).
+        output: result folder; rerunning the same command resumes it (finished rows are skipped).
+        model: embedded short name, local folder, ``.gguf`` file or hub id.
+        adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
+            checkpoint (``.ckpt``).
+        press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
+        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
+        attn_implementation: ``sdpa`` (default) or ``eager``.
+        device: ``cpu``, ``cuda``, ... (default: CPU).
+        progress: show progress bars.
+        title: report title (default: the output folder's name).
+    """
+    methods = list(dict.fromkeys(m.lower() for m in methods))
+    if ("lookaheadkv" in methods) != (adapter is not None):
+        raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
+    press_args = dict(press_args or {})
+    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
+    if unused:
+        raise ValueError(
+            f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
+            "FullKV answer) and lookaheadkv (settings come from its adapter) take settings"
+        )
+    out = Path(output)
+    check_run(
+        out,
+        {
+            "model": model,
+            "adapter": None if adapter is None else fingerprint(adapter),
+            "press_args": press_args,
+            "dtype": dtype,
+        },
+    )
+    if adapter is not None:
+        net, tokenizer, lookahead = load_lookahead(adapter, model, dtype, attn_implementation, device)
+    else:
+        net, tokenizer = load_backbone(
+            model, dtype=dtype, attn_implementation=attn_implementation, device=device
+        )
+    presses: dict[str, Press] = {}
+    for method in methods:
+        if method == "lookaheadkv":
+            presses[method] = lookahead
+        elif method == "oracle":
+            presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
+        else:
+            presses[method] = make_method(method, **press_args.get(method, {}))
+    start = time.perf_counter()
+    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress)
+    rows = evaluator.run(tasks)
+    seconds = time.perf_counter() - start
+    report = write_report(rows, out, title=title or out.name, methods=methods)
+    return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"

@@ -1,0 +1,49 @@
+"""Benchmarks for ``lkv eval``: generated end tasks on held-out text, LongBench, and importance quality.
+
+``make_task("niah", lengths=[1024])`` builds a benchmark by name; :data:`TASKS` lists them. In an eval
+config each entry of ``tasks`` is ``{class_path: lkv.eval.tasks.NeedleTask, init_args: {...}}``.
+"""
+
+from __future__ import annotations
+
+from lkv.eval.tasks.base import Benchmark, Sample, Task, encode_sample
+from lkv.eval.tasks.code import CodeCompletionTask
+from lkv.eval.tasks.fidelity import FidelityTask
+from lkv.eval.tasks.importance import ImportanceTask
+from lkv.eval.tasks.longbench import LongBenchTask
+from lkv.eval.tasks.needle import NeedleTask
+from lkv.eval.tasks.ruler import RulerTask
+
+TASKS: dict[str, type[Benchmark]] = {
+    "niah": NeedleTask,
+    "ruler": RulerTask,
+    "code": CodeCompletionTask,
+    "fidelity": FidelityTask,
+    "importance": ImportanceTask,
+    "longbench": LongBenchTask,
+}
+
+
+def make_task(name: str, **kwargs) -> Benchmark:
+    """Instantiate the benchmark registered as ``name`` (see :data:`TASKS`) with its settings."""
+    try:
+        cls = TASKS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {', '.join(TASKS)}") from None
+    return cls(**kwargs)
+
+
+__all__ = [
+    "TASKS",
+    "Benchmark",
+    "CodeCompletionTask",
+    "FidelityTask",
+    "ImportanceTask",
+    "LongBenchTask",
+    "NeedleTask",
+    "RulerTask",
+    "Sample",
+    "Task",
+    "encode_sample",
+    "make_task",
+]

@@ -1,0 +1,98 @@
+"""What every end task gives the runner: samples split into a context and a question, and a scorer.
+
+A :class:`Sample` is split where a question-agnostic system would see it: ``context`` is compressed before
+the question is known, ``question`` (plus an optional ``answer_prefix``, the start of the assistant's turn)
+comes after. Question-aware evaluation prefills exactly the same tokens in one go, so the two settings
+differ only in *when* the cache is compressed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from lkv.eviction.compressor import chat_parts
+
+
+@dataclass
+class Sample:
+    """One evaluation prompt.
+
+    Attributes:
+        id: unique within its task and stable across runs (it encodes the settings that made it), so a rerun
+            skips finished samples.
+        context: the long part (document, haystack, code), compressed in the question-agnostic setting.
+        question: what is asked about it; appended after compression in the question-agnostic setting.
+        answers: reference answers (empty when the reference is the FullKV answer, e.g. fidelity).
+        max_new_tokens: longest answer generated.
+        chat: wrap in the tokenizer's chat template (one user turn); False feeds raw text (LongBench's
+            few-shot and code tasks).
+        answer_prefix: text that starts the assistant's answer (RULER), after the chat template's opening.
+        stop: strings that end the answer besides EOS.
+        meta: task details recorded with each result (length, depth, ...).
+    """
+
+    id: str
+    context: str
+    question: str
+    answers: list[str]
+    max_new_tokens: int = 32
+    chat: bool = True
+    answer_prefix: str = ""
+    stop: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def encode_sample(sample: Sample, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """``(context_ids, question_ids)``; the prompt is their concatenation in both settings.
+
+    With ``chat`` the context ids start with the chat template's opening and the question ids end with its
+    closing (+ ``answer_prefix``), as :func:`lkv.eviction.compressor.encode_context` / ``encode_question`` do. Raw
+    text gets the tokenizer's own special tokens (e.g. a BOS), as LongBench's ``pred.py`` tokenises it.
+    """
+    prefix, suffix = chat_parts(tokenizer) if sample.chat else ("", "")
+    context = tokenizer(prefix + sample.context, add_special_tokens=not sample.chat)["input_ids"]
+    question = tokenizer(sample.question + suffix + sample.answer_prefix, add_special_tokens=False)[
+        "input_ids"
+    ]
+    if not context or not question:
+        raise ValueError(f"sample {sample.id}: context and question must both be non-empty")
+    return list(context), list(question)
+
+
+class Benchmark(ABC):
+    """Anything ``lkv eval`` runs: an end :class:`Task` or :class:`~lkv.eval.tasks.importance.ImportanceTask`.
+
+    ``name`` is the task column of the results; ``metric`` names the main score. Constructor arguments are
+    the settings (the ``init_args`` of an eval config).
+    """
+
+    name: str = "benchmark"
+    metric: str = "score"
+
+    @abstractmethod
+    def samples(self, tokenizer: PreTrainedTokenizerBase) -> Iterable[Any]:
+        """The benchmark's items in a fixed order (the tokenizer measures lengths in tokens)."""
+
+
+class Task(Benchmark):
+    """An end task: builds :class:`Sample` objects and scores an answer."""
+
+    #: True when the reference is the FullKV answer of the same sample and setting (fidelity tasks).
+    needs_reference: bool = False
+
+    @abstractmethod
+    def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
+        """Every sample of the task, in a fixed order."""
+
+    @abstractmethod
+    def score(self, prediction: str, sample: Sample, reference: str | None = None) -> dict[str, float]:
+        """Metrics of one answer; the key :attr:`metric` is the main score, in ``[0, 1]``.
+
+        Args:
+            reference: the FullKV answer to the same sample and setting (given when ``needs_reference``).
+        """

@@ -1,0 +1,88 @@
+"""Importance quality on held-out label shards: Recall@C and Kendall τ of each method vs s_GT (paper Table 8).
+
+Every method scores the label's prompt from one shared prefill; its scores, with the positions the method
+always keeps (SnapKV's window, StreamingLLM's sink, H2O's recent tokens) raised to ``+inf``, are ranked
+against the ground truth per (layer, KV head) and averaged over rows and samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from lkv.core.metrics import kendall_tau_b, topk_recall
+from lkv.eval.tasks.base import Benchmark
+from lkv.labels.shards import load_labels, read_meta, row_scores
+from lkv.model.backbone import ModelSignature, check_compatible
+
+# Methods with nothing to rank here, and why (shown in reports).
+NOT_RANKED = {
+    "fullkv": "keeps everything",
+    "oracle": "is the ground truth itself",
+    "pyramidkv": "ranks like SnapKV (only its per-layer budgets differ)",
+    "quest": "evicts nothing (it selects pages of the full cache at every decoding step)",
+}
+
+
+@dataclass
+class LabelSample:
+    """One held-out label: ``prompt_ids (S,)`` and its ground truth ``target (layers, kv_heads, S)``."""
+
+    id: str
+    prompt_ids: list[int]
+    target: torch.Tensor
+
+
+class ImportanceTask(Benchmark):
+    """Ranking quality of every method's scores against a held-out label folder written by ``lkv label``.
+
+    Args:
+        folder: label folder of held-out prompts (with stored scores).
+        budgets: the C of Recall@C.
+        max_samples: use only the first this many labels (None: all).
+    """
+
+    name = "importance"
+
+    def __init__(
+        self, folder: str, budgets: tuple[int, ...] = (64, 128), max_samples: int | None = None
+    ) -> None:
+        if not budgets or any(c <= 0 for c in budgets):
+            raise ValueError(f"budgets must be positive token counts, got {budgets}")
+        self.folder = folder
+        self.budgets = tuple(budgets)
+        self.max_samples = max_samples
+        self.metric = f"recall@{self.budgets[0]}"
+
+    def check_model(self, signature: ModelSignature) -> None:
+        """Refuse labels made with another model or tokenizer (their scores would not describe this one)."""
+        meta = read_meta(self.folder)
+        if not meta.store_scores:
+            raise ValueError(
+                f"{self.folder}: labels were written with store_scores=False; importance needs scores"
+            )
+        check_compatible(ModelSignature.from_dict(meta.model), signature, f"label folder {self.folder}")
+
+    def samples(self, tokenizer: PreTrainedTokenizerBase | None = None) -> Iterator[LabelSample]:
+        """The labels, read lazily (the prompts are already token ids, so no tokenizer is needed)."""
+        meta = read_meta(self.folder)
+        for index, row in enumerate(load_labels(self.folder, streaming=False)):
+            if self.max_samples is not None and index >= self.max_samples:
+                return
+            yield LabelSample(row["id"], list(row["prompt_ids"]), row_scores(row, meta).float())
+
+    def score(self, scores: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        """Recall@C for each budget and Kendall τ-b, averaged over (layer, KV head) rows.
+
+        Args:
+            scores: ``(layers, kv_heads, S)`` a method's ranking (any monotone scale, ``+inf`` = always kept).
+            target: ``(layers, kv_heads, S)`` ground truth.
+        """
+        if scores.shape != target.shape:
+            raise ValueError(f"scores {tuple(scores.shape)} and target {tuple(target.shape)} differ in shape")
+        out = {f"recall@{c}": topk_recall(scores, target, c).mean().item() for c in self.budgets}
+        out["kendall_tau"] = kendall_tau_b(scores, target).mean().item()
+        return out

@@ -1,0 +1,151 @@
+"""Held-out text for the generated tasks: essays cut into sentences, a word list, and standard-library code.
+
+Only documents on the held-out side of :func:`lkv.labels.prompts.split_by_document` (the split the training
+prompts use) are ever read here, so no evaluation text was seen while training a lookahead module.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
+
+# A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter
+# (the packaged essays lost their paragraph breaks: "accelerating.We").
+_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
+_WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+def heldout_ids(doc_ids: list[str], heldout_fraction: float) -> list[str]:
+    """The held-out documents among ``doc_ids``, sorted (the same split as the training prompts)."""
+    _, heldout = split_by_document(doc_ids, heldout_fraction)
+    return sorted(heldout)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a prose text, whitespace collapsed."""
+    flat = " ".join(text.split())
+    bounds = [0, *(m.end() for m in _SENTENCE_END.finditer(flat)), len(flat)]
+    pieces = (flat[a:b].strip() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return [piece for piece in pieces if piece]
+
+
+@dataclass
+class Sentence:
+    text: str
+    doc_id: str
+    tokens: int
+
+
+class HeldoutEssays:
+    """The held-out Paul Graham essays as one cyclic stream of sentences with token counts.
+
+    Args:
+        tokenizer: measures sentence lengths in tokens.
+        essays_dir: essay folder; default: the cached embedded essays.
+        heldout_fraction: must match the training prompts' split (default: the library default).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        essays_dir: str | None = None,
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+    ) -> None:
+        files = essay_documents(essays_dir)
+        self.doc_ids = heldout_ids(list(files), heldout_fraction)
+        if not self.doc_ids:
+            raise ValueError(
+                f"no held-out essay among the {len(files)} in {essays_dir or 'the asset cache'} "
+                f"(heldout_fraction={heldout_fraction})"
+            )
+        texts = {doc: files[doc].read_text(encoding="utf-8") for doc in self.doc_ids}
+        pieces = [(doc, sentence) for doc in self.doc_ids for sentence in split_sentences(texts[doc])]
+        # " " + sentence: the token count of a sentence as it appears inside running text.
+        counts = tokenizer([" " + s for _, s in pieces], add_special_tokens=False)["input_ids"]
+        self.sentences = [Sentence(s, doc, len(ids)) for (doc, s), ids in zip(pieces, counts, strict=True)]
+        self.total_tokens = sum(s.tokens for s in self.sentences)
+
+    def take(self, tokens: int, start: int) -> list[Sentence]:
+        """Consecutive sentences from index ``start`` (wrapping around) totalling ``tokens`` to within half a
+        sentence."""
+        if tokens > self.total_tokens:
+            raise ValueError(
+                f"asked for a {tokens}-token haystack, the held-out essays hold {self.total_tokens} tokens"
+            )
+        out: list[Sentence] = []
+        total = 0
+        index = start % len(self.sentences)
+        while total < tokens:
+            out.append(self.sentences[index])
+            total += self.sentences[index].tokens
+            index = (index + 1) % len(self.sentences)
+        if len(out) > 1 and total - tokens > tokens - (total - out[-1].tokens):
+            out.pop()  # closer without the last sentence
+        return out
+
+    @cached_property
+    def words(self) -> list[str]:
+        """Distinct lower-case words (6–12 letters) of the held-out essays, sorted: keys and word lists."""
+        return sorted({w for s in self.sentences for w in _WORD.findall(s.text)})
+
+
+def insert_at_depths(pieces: list[Sentence], needles: list[str], depths: list[float]) -> list[str]:
+    """Sentence texts with each needle inserted at the sentence boundary nearest its token depth.
+
+    Args:
+        pieces: the haystack sentences.
+        needles: sentences to insert.
+        depths: per needle, the share of the haystack's tokens that precede it, in ``[0, 1]``.
+    """
+    if len(needles) != len(depths):
+        raise ValueError(f"{len(needles)} needles but {len(depths)} depths")
+    total = sum(p.tokens for p in pieces)
+    before = [0]
+    for piece in pieces:
+        before.append(before[-1] + piece.tokens)
+    slots: dict[int, list[str]] = {}
+    for needle, depth in zip(needles, depths, strict=True):
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"needle depth must be in [0, 1], got {depth}")
+        boundary = min(range(len(before)), key=lambda i: abs(before[i] - depth * total))
+        slots.setdefault(boundary, []).append(needle)
+    out: list[str] = []
+    for index in range(len(pieces) + 1):
+        out.extend(slots.get(index, []))
+        if index < len(pieces):
+            out.append(pieces[index].text)
+    return out
+
+
+def noise_haystack(tokenizer: PreTrainedTokenizerBase, tokens: int) -> list[Sentence]:
+    """RULER's noise haystack: :data:`NOISE` repeated as sentences up to ``tokens`` tokens."""
+    unit = split_sentences(NOISE)
+    counts = [len(ids) for ids in tokenizer([" " + s for s in unit], add_special_tokens=False)["input_ids"]]
+    out: list[Sentence] = []
+    total = 0
+    while total + counts[len(out) % len(unit)] <= tokens:
+        index = len(out) % len(unit)
+        out.append(Sentence(unit[index], "noise", counts[index]))
+        total += counts[index]
+    return out
+
+
+def heldout_code(
+    stdlib_dir: str | None = None, heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+) -> dict[str, Path]:
+    """Held-out Python standard-library modules: doc id → file (same split as the training prompts)."""
+    files = stdlib_documents(stdlib_dir)
+    return {doc: files[doc] for doc in heldout_ids(list(files), heldout_fraction)}
+
+
+def rng_for(*parts: object) -> random.Random:
+    """A generator seeded from the given parts (a sample depends only on its own settings)."""
+    return random.Random(":".join(str(p) for p in parts))

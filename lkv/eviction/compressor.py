@@ -1,0 +1,691 @@
+"""Compress a prompt's KV cache with any eviction method and generate from it (Python API + `lkv generate`).
+
+    from lkv.model.backbone import load_backbone
+    from lkv.eviction.compressor import Compressor
+
+    model, tokenizer = load_backbone("smollm2-135m")
+    gen = Compressor(model, tokenizer, press="snapkv", budget=128)      # 128 tokens per KV head (or 0.25)
+    out = gen.generate("Summarise: ...", max_new_tokens=64)             # question-aware (paper)
+    print(out.text, out.kv_bytes_kept / out.kv_bytes_full)
+
+    context = gen.compress_context(long_document)                      # question-agnostic: compress once,
+    for question in questions:                                         # answer many (each on its own copy)
+        print(gen.answer(context, question).text)
+
+    scored = gen.score(prompt)                                         # budget sweeps: one prefill + scoring,
+    for budget in (64, 128, 256):                                      # then one cheap eviction per budget
+        print(budget, gen.decode(gen.evict(scored, budget)).text)
+
+    from lkv.eviction.decoding import H2ODecode                                 # decode-time methods: the cache stays
+    Compressor(model, tokenizer, "h2o-decode", budget=128)             # within 128 entries while generating
+    Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
+
+The flow of one prompt (DESIGN §1): prefill (with the press's capture, if any) → ``press.score`` →
+:func:`~lkv.eviction.presses.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
+to the budget) → decode with position ids continuing from the uncompressed prompt length. With a decode-time
+policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while the answer is generated.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.generation import CacheUpkeep, StopStrings, decode, eos_ids, make_sampler, prefill
+from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress, make_method
+from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
+from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+
+# Stands in for the user's text while the chat template is rendered, to split the template around it.
+_PLACEHOLDER = "\x00lkv-content\x00"
+
+Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
+
+
+def chat_parts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str]:
+    """``(prefix, suffix)`` of the tokenizer's chat template around one user message (empty without one)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "", ""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _PLACEHOLDER}], add_generation_prompt=True, tokenize=False
+    )
+    prefix, found, suffix = rendered.partition(_PLACEHOLDER)
+    if not found:
+        raise ValueError("the tokenizer's chat template drops the user message; pass token ids instead")
+    return prefix, suffix
+
+
+def encode_context(tokenizer: PreTrainedTokenizerBase, context: str) -> list[int]:
+    """Question-agnostic context tokens: the chat template's opening + ``context`` (the user turn stays open)."""
+    prefix, _ = chat_parts(tokenizer)
+    return tokenizer(prefix + context, add_special_tokens=False)["input_ids"]
+
+
+def encode_question(tokenizer: PreTrainedTokenizerBase, question: str, separator: str = "\n\n") -> list[int]:
+    """Tokens appended to an (encoded) context: ``separator + question`` + the template's closing."""
+    _, suffix = chat_parts(tokenizer)
+    return tokenizer(separator + question + suffix, add_special_tokens=False)["input_ids"]
+
+
+@dataclass
+class CompressedPrompt:
+    """A prompt's cache after eviction, ready to decode from (or to append a question to).
+
+    Attributes:
+        cache: the (compressed) cache; layer ``l`` holds ``(1, kv_heads, C_l, head_dim)``.
+        next_logits: ``(1, vocab)`` logits after the last prompt token.
+        prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``.
+        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending), or ``None`` when nothing was evicted.
+        scores: the press's ``(1, layers, kv_heads, S)`` scores, or ``None`` when nothing was evicted.
+        kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction.
+        prefill_s, eviction_s: seconds spent in the prefill and in scoring + selection + gathering.
+        budget: the requested tokens per KV head (``None``: not compressed to a budget).
+        layer_budgets: the method's tokens per KV head in each layer for that budget.
+    """
+
+    cache: DynamicCache
+    next_logits: torch.Tensor
+    prompt_len: int
+    kept: list[torch.Tensor] | None
+    scores: torch.Tensor | None
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    prefill_s: float
+    eviction_s: float
+    budget: int | None = None
+    layer_budgets: list[int] | None = None
+
+    @property
+    def kept_per_layer(self) -> list[int]:
+        """Cached prompt entries per KV head in each layer."""
+        if self.kept is None:
+            return [self.prompt_len] * len(self.cache.layers)
+        return [index.shape[-1] for index in self.kept]
+
+
+@dataclass
+class ScoredPrompt:
+    """A prefilled prompt and its press's scores, before eviction (one prefill serves many budgets).
+
+    Attributes:
+        ids: ``(1, S)`` prompt tokens.
+        cache: the full prompt cache, ``S`` entries per layer.
+        next_logits: ``(1, vocab)`` logits after the last prompt token.
+        scores: ``(1, layers, kv_heads, S)``, or ``None`` when scoring was skipped (nothing to evict).
+        kv_bytes_full: bytes of the full cache's key/value tensors.
+        prefill_s, score_s: seconds of the prefill and of ``press.score``.
+    """
+
+    ids: torch.Tensor
+    cache: DynamicCache
+    next_logits: torch.Tensor
+    scores: torch.Tensor | None
+    kv_bytes_full: int
+    prefill_s: float
+    score_s: float
+
+    @property
+    def prompt_len(self) -> int:
+        return self.ids.shape[1]
+
+
+@dataclass
+class Generation:
+    """One generated answer and what producing it cost.
+
+    Attributes:
+        text: decoded answer (special tokens skipped, cut before the first stop string).
+        token_ids: generated tokens (an ending EOS included).
+        finish_reason: ``eos``, ``stop`` (a stop string) or ``length`` (``max_new_tokens`` reached).
+        prompt_tokens: tokens the model read before answering (context + question in the agnostic setting).
+        kept_per_layer: cached prompt entries per KV head in each layer after eviction.
+        kv_bytes_full, kv_bytes_kept: prompt K/V bytes before and after eviction.
+        prefill_s, eviction_s, question_s, decode_s: seconds per phase (``question_s``: appending the
+            question to a compressed context, 0 when question-aware).
+        cache_lengths: the most entries per KV head any layer held before decoding, then after each generated
+            token's forward pass (and the decode-time policy's eviction, if any).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    kept_per_layer: list[int]
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    prefill_s: float
+    eviction_s: float
+    question_s: float = 0.0
+    decode_s: float = 0.0
+    cache_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token: prefill + eviction (+ appending the question)."""
+        return self.prefill_s + self.eviction_s + self.question_s
+
+    def summary(self) -> str:
+        """One line of the numbers above."""
+        kept = sum(self.kept_per_layer) / len(self.kept_per_layer)
+        return (
+            f"kept {kept:.0f} tokens per head on average (KV {self.kv_bytes_kept / 2**20:.2f} of "
+            f"{self.kv_bytes_full / 2**20:.2f} MiB); prefill {self.prefill_s:.2f} s, eviction "
+            f"{self.eviction_s:.2f} s, question {self.question_s:.2f} s, decode {self.decode_s:.2f} s for "
+            f"{len(self.token_ids)} tokens ({self.finish_reason})"
+        )
+
+
+class Compressor:
+    """Prefill → score → keep the top-``C`` prompt tokens per (layer, KV head) → decode.
+
+    Args:
+        model: a causal LM prepared with :func:`lkv.core.attention.install_capture` (as ``load_backbone`` returns).
+        tokenizer: needed for text prompts and decoded answers; ``None`` works with token ids.
+        press: an eviction method or its name (:func:`lkv.eviction.decoding.make_method`: :data:`lkv.eviction.presses.PRESSES`
+            and the decode-time methods of :data:`lkv.eviction.decoding.DECODE_METHODS`).
+        budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``).
+        sink, recent: leading / trailing prompt tokens always kept, on top of the method's own.
+        kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``max``/``avg``).
+        decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
+            the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        press: Press | str = "snapkv",
+        budget: int | float = 128,
+        sink: int = 0,
+        recent: int = 0,
+        kernel: int = 1,
+        pooling: str = "max",
+        decode_policy: DecodePolicy | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.press = make_method(press) if isinstance(press, str) else press
+        if isinstance(self.press, DecodeTimePress):
+            if decode_policy is not None:
+                raise ValueError(
+                    f"{self.press.name} brings its own decode policy; pass its prefill press to combine it with "
+                    f"decode_policy={decode_policy.name}"
+                )
+            decode_policy = self.press.decode_policy
+        self.decode_policy = decode_policy
+        self.budget = check_budget(budget)
+        if sink < 0 or recent < 0:
+            raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
+        if pooling not in ("max", "avg"):
+            raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
+        self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
+        self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode(self, prompt: Prompt) -> torch.Tensor:
+        """``(1, S)`` tokens: text becomes one user message (chat template if any), messages are rendered."""
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "text prompts need a tokenizer; pass token ids or give Compressor a tokenizer"
+                )
+            if isinstance(prompt, str) and not prompt.strip():
+                raise ValueError("the prompt is empty: there is nothing to prefill or compress")
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            if getattr(self.tokenizer, "chat_template", None):
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            else:
+                ids = self.tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
+        else:
+            ids = prompt
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[0] != 1:
+            raise ValueError(f"a prompt must be one sequence of token ids, got shape {tuple(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise ValueError("the prompt is empty: there is nothing to prefill or compress")
+        return ids
+
+    def layer_budgets(self, budget: int | float, prompt_len: int) -> list[int]:
+        """Entries per KV head each layer keeps for ``budget`` (the press may spread it over layers)."""
+        tokens = budget_tokens(budget, prompt_len)
+        return self.press.layer_budgets(tokens, prompt_len, self.model.config.num_hidden_layers)
+
+    def score(self, prompt: Prompt) -> ScoredPrompt:
+        """Prefill ``prompt`` and score it with the press; :meth:`evict` then serves any number of budgets."""
+        return self._score(self.encode(prompt), with_scores=True)
+
+    @torch.no_grad()
+    def _score(self, ids: torch.Tensor, with_scores: bool) -> ScoredPrompt:
+        prompt_len = ids.shape[1]
+        capture = self.press.prefill_capture(prompt_len) if with_scores else None
+        start = _clock(self.device)
+        cache, next_logits = prefill(self.model, ids, **({} if capture is None else {"lkv_capture": capture}))
+        prefilled = _clock(self.device)
+        scores = None
+        if with_scores:
+            scores = self.press.score(
+                PressContext(self.model, ids, cache, next_logits, capture, self.eos_token_ids)
+            )
+            lengths = {layer.get_seq_length() for layer in cache.layers}
+            if lengths != {prompt_len}:
+                raise RuntimeError(
+                    f"{self.press.name} left {sorted(lengths)} entries per layer in the cache after scoring, "
+                    f"expected the prompt's {prompt_len}: a press must crop the tokens it appends"
+                )
+        scored = _clock(self.device)
+        return ScoredPrompt(
+            ids, cache, next_logits, scores, cache_bytes(cache), prefilled - start, scored - prefilled
+        )
+
+    def evict(
+        self, scored: ScoredPrompt, budget: int | float | None = None, in_place: bool = False
+    ) -> CompressedPrompt:
+        """Keep the top-``C`` entries per (layer, KV head) of a scored prompt.
+
+        Args:
+            budget: tokens per KV head or a ratio; default: the Compressor's budget.
+            in_place: shrink ``scored.cache`` itself instead of a copy (then ``scored`` serves no other
+                budget).
+        """
+        budget = self.budget if budget is None else check_budget(budget)
+        tokens = budget_tokens(budget, scored.prompt_len)
+        budgets = self.layer_budgets(budget, scored.prompt_len)
+        start = _clock(self.device)
+        cache = scored.cache if in_place else copy.deepcopy(scored.cache)
+        kept = None
+        if any(layer_budget < scored.prompt_len for layer_budget in budgets):
+            if scored.scores is None:
+                raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
+            sink, recent = self.press.protected(scored.prompt_len)
+            if isinstance(self.press, DecodeTimePress):
+                # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
+                policy_sink, policy_recent = self.press.decode_policy.prompt_window(tokens)
+                sink, recent = max(sink, policy_sink), max(recent, policy_recent)
+            kept = select_indices(
+                scored.scores,
+                budgets,
+                max(sink, self.sink),
+                max(recent, self.recent),
+                self.kernel,
+                self.pooling,
+            )
+            cache = gather_cache(cache, kept)
+        evicted = _clock(self.device)
+        return CompressedPrompt(
+            cache=cache,
+            next_logits=scored.next_logits,
+            prompt_len=scored.prompt_len,
+            kept=kept,
+            scores=scored.scores,
+            kv_bytes_full=scored.kv_bytes_full,
+            kv_bytes_kept=cache_bytes(cache),
+            prefill_s=scored.prefill_s,
+            eviction_s=scored.score_s + evicted - start,
+            budget=tokens,
+            layer_budgets=budgets,
+        )
+
+    def compress(self, prompt: Prompt) -> CompressedPrompt:
+        """Prefill ``prompt`` and evict down to the budget (nothing is evicted when it fits; nothing is scored
+        either, unless a decode-time policy may seed from the scores)."""
+        ids = self.encode(prompt)
+        fits = all(budget >= ids.shape[1] for budget in self.layer_budgets(self.budget, ids.shape[1]))
+        with_scores = not fits or self.decode_policy is not None
+        return self.evict(self._score(ids, with_scores=with_scores), in_place=True)
+
+    def compress_context(self, context: str | Sequence[int] | torch.Tensor) -> CompressedPrompt:
+        """Question-agnostic: compress a context before any question is known (text: :func:`encode_context`)."""
+        if isinstance(context, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "text contexts need a tokenizer; pass token ids or give Compressor a tokenizer"
+                )
+            context = encode_context(self.tokenizer, context)
+        return self.compress(context)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        question: str | Sequence[int] | torch.Tensor | None = None,
+    ) -> Generation:
+        """Compress ``prompt`` and answer.
+
+        Without ``question`` the whole prompt is compressed (question-aware, as in the paper). With it,
+        ``prompt`` is the context: it is compressed first, then ``question`` is appended to the compressed
+        cache and answered (question-agnostic).
+
+        Args:
+            max_new_tokens: longest answer; generation also ends at EOS and at any of ``stop``.
+            temperature, top_p, seed: sampling (``temperature=0`` is greedy).
+        """
+        if question is None:
+            return self.decode(self.compress(prompt), max_new_tokens, temperature, top_p, seed, stop)
+        return self.answer(
+            self.compress_context(prompt), question, max_new_tokens, temperature, top_p, seed, stop
+        )
+
+    def decode(
+        self,
+        compressed: CompressedPrompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Generation:
+        """Answer a (question-aware) compressed prompt; its cache changes with the answer, so use it once."""
+        upkeep = self._begin(compressed, compressed.cache)
+        return self._decode(
+            compressed,
+            compressed.cache,
+            compressed.next_logits,
+            compressed.prompt_len,
+            0.0,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            stop,
+            upkeep,
+        )
+
+    @torch.no_grad()
+    def answer(
+        self,
+        context: CompressedPrompt,
+        question: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Generation:
+        """Question-agnostic answer: append ``question`` to a copy of a compressed context and decode.
+
+        ``context`` is left untouched, so several questions can reuse it. Text questions are encoded with
+        :func:`encode_question` (a blank line, the question, the chat template's closing).
+        """
+        if isinstance(question, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "text questions need a tokenizer; pass token ids or give Compressor a tokenizer"
+                )
+            question = encode_question(self.tokenizer, question)
+        ids = torch.as_tensor(question, dtype=torch.long, device=self.device).reshape(1, -1)
+        if ids.shape[1] == 0:
+            raise ValueError("the question is empty")
+        cache = copy.deepcopy(context.cache)
+        upkeep = self._begin(context, cache)
+        start = _clock(self.device)
+        next_logits = append_tokens(self.model, cache, ids, context.prompt_len, upkeep)
+        appended = _clock(self.device) - start
+        return self._decode(
+            context,
+            cache,
+            next_logits,
+            context.prompt_len + ids.shape[1],
+            appended,
+            max_new_tokens,
+            temperature,
+            top_p,
+            seed,
+            stop,
+            upkeep,
+        )
+
+    def _begin(self, compressed: CompressedPrompt, cache: DynamicCache) -> CacheUpkeep:
+        """The decode-time policy's state for one answer from ``cache`` (a compressed prompt's); without a
+        policy, a trace of the cache length."""
+        if self.decode_policy is None:
+            return CacheTrace()
+        press = self.press.press if isinstance(self.press, DecodeTimePress) else self.press
+        start = DecodeStart(
+            compressed.prompt_len,
+            compressed.budget,
+            compressed.layer_budgets,
+            compressed.kept,
+            compressed.scores,
+            press,
+        )
+        return self.decode_policy.begin(self.model, cache, start)
+
+    def _decode(
+        self,
+        compressed: CompressedPrompt,
+        cache: DynamicCache,
+        next_logits: torch.Tensor,
+        position: int,
+        question_s: float,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stop: Sequence[str],
+        upkeep: CacheUpkeep,
+    ) -> Generation:
+        if max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        stopper = None
+        if stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need a tokenizer")
+            stopper = StopStrings(self.tokenizer, stop)
+        sampler = make_sampler(temperature, top_p, seed)
+        start = _clock(self.device)
+        cache = upkeep.enforce(cache)  # a question appended, or a policy budget below the prompt's
+        tokens = decode(
+            self.model,
+            cache,
+            next_logits,
+            position,
+            max_new_tokens,
+            self.eos_token_ids,
+            sampler,
+            stopper,
+            upkeep,
+        )
+        decode_s = _clock(self.device) - start
+        text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
+        if tokens[-1] in self.eos_token_ids:
+            reason = "eos"
+        elif stopper is not None and stopper(tokens):
+            reason, text = "stop", stopper.truncate(text)
+        else:
+            reason = "length"
+        return Generation(
+            text=text,
+            token_ids=tokens,
+            finish_reason=reason,
+            prompt_tokens=position,
+            kept_per_layer=compressed.kept_per_layer,
+            kv_bytes_full=compressed.kv_bytes_full,
+            kv_bytes_kept=compressed.kv_bytes_kept,
+            prefill_s=compressed.prefill_s,
+            eviction_s=compressed.eviction_s,
+            question_s=question_s,
+            decode_s=decode_s,
+            cache_lengths=list(upkeep.trace),
+        )
+
+
+@torch.no_grad()
+def append_tokens(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    ids: torch.Tensor,
+    position: int,
+    upkeep: CacheUpkeep | None = None,
+) -> torch.Tensor:
+    """Run ``ids (1, n)`` on top of ``cache`` at positions ``position..position+n-1``; next-token logits ``(1, vocab)``.
+
+    transformers sizes the causal mask from the cache (query offset = cached entries), so a block appended
+    to a uniformly compressed cache gets the right mask whatever its positions. Layers of different lengths
+    (PyramidKV) need a mask per layer, so such a cache takes the block one token at a time.
+
+    A decode-time policy's ``upkeep`` observes every forward pass (nothing is evicted here: call its
+    ``enforce`` afterwards).
+    """
+    ragged = isinstance(cache, CompressedCache) and cache.is_ragged
+    steps = [ids[:, i : i + 1] for i in range(ids.shape[1])] if ragged else [ids]
+    offset = position
+    for block in steps:
+        positions = torch.arange(offset, offset + block.shape[1], device=ids.device)[None]
+        extra = {} if upkeep is None else upkeep.forward_kwargs(generating=False)
+        out = model(
+            input_ids=block, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1, **extra
+        )
+        if upkeep is not None:
+            upkeep.observe()
+        offset += block.shape[1]
+    return out.logits[:, -1].float()
+
+
+def _model_eos(model: PreTrainedModel) -> list[int]:
+    found = model.generation_config.eos_token_id if model.generation_config is not None else None
+    return [] if found is None else sorted(set(found if isinstance(found, list) else [found]))
+
+
+def _clock(device: torch.device) -> float:
+    """``perf_counter`` after the device has finished its queued work (timings of asynchronous GPUs)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def load_lookahead(
+    adapter: str | Path,
+    model: str | None = None,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    device: str | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LookaheadKVPress]:
+    """``(base model, tokenizer, press)`` for a trained lookahead module.
+
+    Args:
+        adapter: an ``lkv export`` folder, or a ``.ckpt`` written by ``lkv fit``.
+        model: the base model; default: the checkpoint's own, or ``smollm2-135m`` for a folder.
+    """
+    from lkv.model.backbone import DEFAULT_MODEL, load_backbone
+
+    path = Path(adapter)
+    if path.is_dir():
+        net, tokenizer = load_backbone(
+            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
+        )
+        return net, tokenizer, LookaheadKVPress.from_folder(path, net)
+    if not path.is_file():
+        raise FileNotFoundError(f"adapter {adapter!r}: neither an `lkv export` folder nor a checkpoint file")
+    from lkv.train.module import LookaheadKVModule
+
+    overrides = {"dtype": dtype, "attn_implementation": attn_implementation}
+    if model is not None:
+        overrides["model"] = model
+    module = LookaheadKVModule.load_from_checkpoint(path, map_location="cpu", weights_only=False, **overrides)
+    press = LookaheadKVPress(module.adapter)
+    if device is not None:
+        module.adapter.to(device)
+    return press.base_model, module.tokenizer, press
+
+
+def generate_command(
+    prompt: str | None = None,
+    prompt_file: str | None = None,
+    model: str | None = None,
+    method: str = "snapkv",
+    budget: int | float = 128,
+    question: str | None = None,
+    adapter: str | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+    sink: int = 0,
+    recent: int = 0,
+    kernel: int = 1,
+    pooling: str = "max",
+    press_args: dict | None = None,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    device: str | None = None,
+) -> None:
+    """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
+
+    Args:
+        prompt: the prompt text (sent as one user message through the model's chat template).
+        prompt_file: read the prompt from this file instead.
+        model: embedded short name, local folder, ``.gguf`` file or hub id (default: ``smollm2-135m``, or
+            the base model named by an ``--adapter`` checkpoint).
+        method: eviction method: fullkv, streamingllm, snapkv, pyramidkv, h2o, tova, random, laq, speckv,
+            oracle, lookaheadkv; or a decode-time one: h2o-decode, scissorhands (the cache stays within the
+            budget while generating), quest (page selection per step; keeps the full cache).
+        budget: KV entries kept per head: a whole number of tokens (paper), or a ratio of the prompt in (0, 1].
+        question: question-agnostic mode: the prompt is the context, compressed before this question is
+            appended and answered.
+        adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
+            ``lkv fit`` checkpoint (``.ckpt``).
+        max_new_tokens: longest answer.
+        temperature: 0 = greedy; otherwise sampling temperature.
+        top_p: nucleus sampling mass (with temperature > 0).
+        seed: sampling seed.
+        stop: strings that end the answer (besides EOS).
+        sink: leading prompt tokens always kept.
+        recent: trailing prompt tokens always kept.
+        kernel: 1-D pooling kernel applied to the scores before selection (1 = none).
+        pooling: ``max`` or ``avg`` pooling.
+        press_args: the method's own settings, e.g. ``{"window": 16}`` for snapkv.
+        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
+        attn_implementation: ``sdpa`` (default) or ``eager``.
+        device: ``cpu``, ``cuda``, ... (default: CPU).
+    """
+    from lkv.model.backbone import DEFAULT_MODEL, load_backbone
+
+    if (prompt is None) == (prompt_file is None):
+        raise ValueError("give exactly one of --prompt and --prompt_file")
+    if prompt_file is not None:
+        path = Path(prompt_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prompt_file {path}: no such file")
+        prompt = path.read_text()
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    check_budget(budget)
+    if (adapter is not None) != (method == "lookaheadkv"):
+        raise ValueError("--adapter is required by --method lookaheadkv and used by no other method")
+    if adapter is not None:
+        net, tokenizer, press = load_lookahead(adapter, model, dtype, attn_implementation, device)
+    else:
+        net, tokenizer = load_backbone(
+            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
+        )
+        press = make_method(method, **(press_args or {}))
+    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
+    out = compressor.generate(prompt, max_new_tokens, temperature, top_p, seed, stop or (), question=question)
+    print(out.text)
+    print(
+        f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",
+        file=sys.stderr,
+    )

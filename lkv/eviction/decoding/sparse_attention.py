@@ -1,0 +1,93 @@
+"""Attention-time policies: restrict which cached keys a forward pass attends to, without evicting any.
+
+``install_sparse_attention(model)`` routes the model's attention through a wrapper of its current
+implementation (which :func:`lkv.core.attention.install_capture` has already wrapped, so captures keep working).
+The wrapper is a no-op unless the forward pass is given ``lkv_sparse=policy``; then, in every layer, it asks
+``policy.allowed_keys(layer_idx, query, key)`` for a boolean mask ``(batch, heads, q, K)`` (``None``: dense)
+and merges it into the layer's attention mask before calling the wrapped implementation. Works with any
+implementation that takes a boolean or additive mask per head (sdpa, eager).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+
+from lkv.core.attention import install_capture
+
+SPARSE_KWARG = "lkv_sparse"
+_PREFIX = "lkv_sparse_"
+
+
+class SparseAttention(Protocol):
+    def allowed_keys(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+        """``(batch, heads, q, K)`` bool (True = may attend) for ``query (batch, heads, q, d)`` on
+        ``key (batch, kv_heads, K, d)``, or ``None`` to leave the layer dense."""
+        ...
+
+
+def merge_mask(mask: torch.Tensor | None, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A layer's attention mask further restricted to ``allowed`` keys.
+
+    Args:
+        mask: the layer's mask: ``None``, boolean (True = may attend) or additive float, broadcastable to
+            ``allowed``.
+        allowed: ``(batch, heads, q, K)`` bool.
+        dtype: the attention's dtype (for an additive mask).
+
+    Returns:
+        a boolean mask if ``mask`` was boolean, else an additive one of ``dtype`` (``None`` becomes additive, which
+        sdpa and eager both take).
+    """
+    if mask is not None and mask.dtype == torch.bool:
+        return mask[..., : allowed.shape[-1]] & allowed
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+    if mask is None:
+        return blocked
+    # min + min overflows to -inf, which softmax treats as a masked key too.
+    return mask[..., : allowed.shape[-1]].to(dtype) + blocked
+
+
+def _make_sparse(implementation: str) -> Callable:
+    def sparse_attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs,
+    ):
+        policy: SparseAttention | None = kwargs.pop(SPARSE_KWARG, None)
+        if policy is not None:
+            allowed = policy.allowed_keys(module.layer_idx, query, key)
+            if allowed is not None:
+                attention_mask = merge_mask(attention_mask, allowed, query.dtype)
+        return ALL_ATTENTION_FUNCTIONS[implementation](module, query, key, value, attention_mask, **kwargs)
+
+    return sparse_attention
+
+
+def install_sparse_attention(model: PreTrainedModel) -> str:
+    """Route ``model``'s attention through the sparse wrapper (after :func:`install_capture`). Idempotent.
+
+    Returns the new implementation name (``lkv_sparse_<previous>``). Outputs are unchanged unless a forward
+    pass is given ``lkv_sparse=...``.
+    """
+    current = model.config._attn_implementation
+    if current.startswith(_PREFIX):
+        return current
+    current = install_capture(model)
+    name = _PREFIX + current
+    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        AttentionInterface.register(name, _make_sparse(current))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
+    model.set_attn_implementation(name)
+    return name

@@ -1,0 +1,96 @@
+"""The one interface every eviction method implements: per-layer, per-KV-head scores over the prompt.
+
+A press may ask for attention to be captured during the prompt's prefill (SnapKV's observation window,
+TOVA's last query, H2O's every query) and then scores the prompt from that capture, from the prefilled
+cache, or by running more tokens on top of it (LookaheadKV's lookahead step, LAQ's pseudo response).
+Turning scores into a compressed cache is the shared selector's job, never the press's.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+from lkv.core.attention import ImportanceCapture
+
+
+@dataclass
+class PressContext:
+    """Everything a press may read after the prompt's prefill.
+
+    Attributes:
+        model: the frozen model (adapters, if any, disabled).
+        prompt_ids: ``(1, S)`` prompt tokens.
+        cache: the prompt's full cache, ``S`` entries; a press that appends tokens must crop it back.
+        next_logits: ``(1, vocab)`` logits after the prompt.
+        capture: the press's prefill capture (``None`` if it asked for none).
+        eos_token_ids: stop tokens, for presses that generate (Oracle, LAQ, SpecKV).
+    """
+
+    model: PreTrainedModel
+    prompt_ids: torch.Tensor
+    cache: DynamicCache
+    next_logits: torch.Tensor
+    capture: ImportanceCapture | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompt_ids.shape[1]
+
+
+class Press(ABC):
+    """An eviction method: scores ``(1, layers, kv_heads, S)``, higher = keep.
+
+    Selection options a method needs by definition (SnapKV always keeps its window, StreamingLLM its
+    sink) are reported by :meth:`protected`; the selector merges them with the user's options.
+    """
+
+    name: str = "press"
+
+    def prefill_capture(self, prompt_len: int) -> ImportanceCapture | None:
+        """Capture to attach to the prompt's prefill, or ``None``."""
+        return None
+
+    @abstractmethod
+    def score(self, ctx: PressContext) -> torch.Tensor:
+        """Importance ``(1, layers, kv_heads, S)`` of every prompt position (any monotone scale)."""
+
+    def protected(self, prompt_len: int) -> tuple[int, int]:
+        """``(sink, recent)``: leading and trailing prompt tokens this method always keeps."""
+        return 0, 0
+
+    def layer_budgets(self, budget: int, prompt_len: int, num_layers: int) -> list[int]:
+        """Tokens kept per KV head in each layer for a per-head budget ``C`` (default: ``C`` everywhere).
+
+        A schedule (PyramidKV) may move tokens between layers but keeps the total ``num_layers · C``; values
+        at or above ``prompt_len`` mean "no eviction in that layer".
+        """
+        return [budget] * num_layers
+
+
+def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.Tensor:
+    """1-D pooling along the sequence (SnapKV's clustering), same length out.
+
+    Args:
+        scores: ``(..., S)``.
+        kernel: odd window size; 1 returns ``scores`` unchanged.
+        mode: ``"max"`` or ``"avg"``.
+    """
+    if kernel <= 1 or scores.shape[-1] == 0:
+        return scores
+    if kernel % 2 == 0:
+        raise ValueError(f"pooling kernel must be odd, got {kernel}")
+    shape = scores.shape
+    flat = scores.reshape(-1, 1, shape[-1])
+    if mode == "max":
+        pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
+    elif mode == "avg":
+        pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=False)
+    else:
+        raise ValueError(f"pooling mode must be 'max' or 'avg', got {mode!r}")
+    return pooled.reshape(shape)

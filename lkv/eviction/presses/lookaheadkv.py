@@ -1,0 +1,44 @@
+"""LookaheadKV: the trained lookahead module predicts the importance the future response will assign."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import PreTrainedModel
+
+from lkv.eviction.presses.base import Press, PressContext
+from lkv.model.lookahead import LookaheadAdapter
+
+
+class LookaheadKVPress(Press):
+    """Scores = :meth:`LookaheadAdapter.predict` on the prompt cache (no window: paper Table 7).
+
+    The adapter's LoRA is injected into the base model in place and is off outside ``predict``, so the
+    prompt's prefill and the decoding run the unchanged base model.
+    """
+
+    name = "lookaheadkv"
+
+    def __init__(self, adapter: LookaheadAdapter) -> None:
+        self.adapter = adapter
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, model: PreTrainedModel) -> LookaheadKVPress:
+        """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off)."""
+        return cls(LookaheadAdapter.load(folder, model))
+
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The base model the adapter is injected into (the model to prefill and decode with)."""
+        model = self.adapter.model
+        return model.get_base_model() if isinstance(model, PeftModel) else model
+
+    def score(self, ctx: PressContext) -> torch.Tensor:
+        if ctx.model is not self.base_model and ctx.model is not self.adapter.model:
+            raise ValueError(
+                "the LookaheadKV adapter was loaded on another model than the one being compressed"
+            )
+        with torch.no_grad():
+            return self.adapter.predict(ctx.cache, ctx.prompt_len)

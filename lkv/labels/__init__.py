@@ -1,0 +1,1 @@
+"""Stage 2a, ground truth: prompt sources, the labeller, label shards and the `lkv label` predict loop."""

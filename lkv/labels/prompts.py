@@ -1,0 +1,722 @@
+"""Prompt sources: built-in essay/code prompts, JSONL files and HF datasets, and rendering to token ids.
+
+Every source yields :class:`Prompt` objects and can :meth:`~PromptSource.describe` itself for label-shard
+metadata. Documents are split into train and held-out sets by :func:`split_by_document`, a hash of the
+document id, so a document used for training prompts never appears in an evaluation task and adding
+documents never moves the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lkv.model import assets
+
+ESSAY_SOURCE = "paul-graham-essays"
+STDLIB_SOURCE = "python-stdlib"
+DEFAULT_HELDOUT_FRACTION = 0.2
+TRUNCATIONS = ("middle", "left", "skip", "error")
+Truncation = Literal["middle", "left", "skip", "error"]
+
+# Standard-library folders that are tests, vendored packages or generated tables, not representative code.
+_STDLIB_SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "encodings",
+}
+# Generated data files (_pydecimal, unicode tables) are the only sources above this; 200 kB ≈ 5K lines.
+_MAX_SOURCE_BYTES = 200_000
+
+
+@dataclass
+class Prompt:
+    """One chat prompt to label or evaluate.
+
+    Args:
+        id: stable and unique within its source (label runs resume by id).
+        messages: chat turns ``[{"role": ..., "content": ...}]``, ending with a user turn.
+        source: where it came from (e.g. ``paul-graham-essays``, ``jsonl:train.jsonl``).
+        doc_id: the document it was drawn from; the unit of the train/held-out split.
+        kind: instruction family (``summarize``, ``question``, ``extract``, ``code``, ``find_value``, ``chat``).
+        answer: the expected answer when one is checkable (``find_value``), else None.
+        meta: free-form details (passage length, needle depth, ...).
+    """
+
+    id: str
+    messages: list[dict[str, str]]
+    source: str
+    doc_id: str
+    kind: str
+    answer: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class PromptSource(ABC):
+    """An iterable of :class:`Prompt` that can describe itself (recorded in label-shard metadata)."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Prompt]: ...
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line naming the source and every setting that changes its prompts."""
+
+
+def split_by_document(
+    doc_ids: Sequence[str], heldout_fraction: float, salt: str = "lkv"
+) -> tuple[set[str], set[str]]:
+    """Split document ids into ``(train, heldout)`` by a hash of ``salt`` and the id.
+
+    A document's side depends on nothing but its own id, the salt and the fraction: adding or removing
+    documents never moves another one across the split.
+    """
+    if not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+    train: set[str] = set()
+    heldout: set[str] = set()
+    for doc_id in doc_ids:
+        digest = hashlib.sha256(f"{salt}\0{doc_id}".encode()).digest()
+        (heldout if int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction else train).add(doc_id)
+    return train, heldout
+
+
+def essay_documents(root: str | Path | None = None) -> dict[str, Path]:
+    """Doc id (``paul-graham-essays/<name>``) → file, for every essay in ``root`` (default: the cache)."""
+    folder = Path(root) if root is not None else assets.essays_dir()
+    return {f"{ESSAY_SOURCE}/{path.stem}": path for path in sorted(folder.glob("*.txt"))}
+
+
+def stdlib_documents(root: str | Path | None = None) -> dict[str, Path]:
+    """Doc id (``python-stdlib/<relative path>``) → file, for the standard library's own modules.
+
+    Skips test suites, vendored packages, generated tables and files over 200 kB.
+    """
+    folder = Path(root) if root is not None else assets.stdlib_dir()
+    docs: dict[str, Path] = {}
+    for current, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _STDLIB_SKIP_DIRS)
+        for name in sorted(files):
+            path = Path(current) / name
+            code = name.endswith(".py") and not name.startswith("_sysconfigdata")
+            if code and path.stat().st_size <= _MAX_SOURCE_BYTES:
+                docs[f"{STDLIB_SOURCE}/{path.relative_to(folder).as_posix()}"] = path
+    return docs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Built-in prompts
+
+
+_SUMMARIZE = (
+    "Summarize the passage in three or four sentences.",
+    "Write a short summary of this text for someone who has not read it.",
+    "What are the main points of the passage? Answer with a short bulleted list.",
+    "In one paragraph, explain what the author is arguing here.",
+    "Give a one-sentence summary of the text, then list its key supporting points.",
+)
+_QUESTION_ABOUT = (
+    'What does the passage say about "{term}"?',
+    'According to the text, why does "{term}" matter? Quote the sentence that supports your answer.',
+    'Explain how the author uses the idea of "{term}" in this passage.',
+    'Find the part of the text that discusses "{term}" and restate it in your own words.',
+)
+_QUESTION_GENERAL = (
+    "What is the author's main claim in this passage, and what evidence is given for it?",
+    "Which example in the text best supports the author's argument? Explain why.",
+    "What question is the passage trying to answer, and what answer does it give?",
+)
+_EXTRACT_PROSE = (
+    "List every person, company and place named in the text.",
+    "Extract all numbers, dates and quantities in the passage, each with what it refers to.",
+    "List the distinct claims the author makes, one per line.",
+    "Make a bulleted list of the examples the author uses.",
+)
+_EXTRACT_CODE = (
+    "List every function and class defined in this code, with a one-line description of each.",
+    "List the modules and names this code imports or relies on.",
+    "Extract all string literals and constants in the code, with where each is used.",
+    "List the exceptions this code can raise and when.",
+)
+_CODE_ABOUT = (
+    "Explain what `{name}` does, step by step.",
+    "Write a docstring for `{name}` describing its arguments and return value.",
+    "How could `{name}` fail? Describe the edge cases a test should cover.",
+    "Write a short usage example that calls `{name}`.",
+)
+_CODE_GENERAL = (
+    "Explain what this code does.",
+    "Continue this code: write the next function it would plausibly contain.",
+    "Describe the purpose of this code and how its parts fit together.",
+    "Suggest changes that would make this code easier to read.",
+)
+# (fact inserted into the passage, questions that ask for it)
+_FACTS = (
+    (
+        "The special magic number for {key} is {value}.",
+        (
+            "What is the special magic number for {key}? Answer with the number only.",
+            "The text mentions a special magic number for {key}. What is it?",
+            "Find the special magic number for {key} in the passage and reply with just the number.",
+        ),
+    ),
+    (
+        "The secret passcode for {key} is {value}.",
+        (
+            "What is the secret passcode for {key}?",
+            "Somewhere in the text there is a secret passcode for {key}. Reply with that passcode only.",
+        ),
+    ),
+    (
+        "Remember this: the access code of the {key} vault is {value}.",
+        (
+            "What is the access code of the {key} vault?",
+            "Which number opens the {key} vault, according to the text?",
+        ),
+    ),
+)
+_KEYS = (
+    "apple", "harbor", "violet", "granite", "falcon", "meadow", "copper", "lantern", "orchid", "glacier",
+    "saffron", "thunder", "willow", "compass", "ember", "quartz", "juniper", "cobalt", "maple", "nebula",
+)  # fmt: skip
+_PROSE_INTROS = ("", "Read the following essay excerpt.", "Here is a passage from an essay by Paul Graham.")
+_CODE_INTROS = (
+    "",
+    "The following code is from the Python standard library module `{module}`.",
+    "Here is an excerpt of `{module}`:",
+)
+_FAMILIES = {ESSAY_SOURCE: ("summarize", "question", "extract"), STDLIB_SOURCE: ("code", "extract")}
+# A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter:
+# the essays' paragraph breaks were lost in packaging, leaving "accelerating.We".
+_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z\[])")
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
+_TERM = re.compile(r"[A-Za-z][a-z]{6,}")
+_STOPWORDS = {"because", "through", "without", "something", "another", "anything", "between", "already"}
+
+
+@dataclass
+class _Document:
+    """A document cut into units: sentences (prose) or lines (code)."""
+
+    doc_id: str
+    units: list[str]
+    starts: list[int]  # unit indices a passage may start at
+    cumulative: list[int]  # cumulative[i] = words in units[:i]
+
+
+class BuiltinPrompts(PromptSource):
+    """Prompts over Paul Graham essays and Python standard-library source, with varied instructions.
+
+    Each prompt is one passage (a run of whole sentences, or whole lines starting at a top-level
+    statement) of one document in the chosen split, with an instruction from one of five families:
+    ``summarize``, ``question`` and ``extract`` for prose, ``code`` and ``extract`` for code, and
+    ``find_value`` for both, where a synthetic fact ("The special magic number for maple is 7321945.")
+    is inserted at a random depth and asked for (``answer`` holds the number).
+
+    Prompt ``i`` depends only on ``seed``, ``i`` and the settings, so a longer run extends a shorter one.
+
+    Args:
+        split: documents to draw from; the two splits never share a document.
+        num_prompts: prompts per iteration.
+        min_words: shortest passage, in whitespace-separated words (≈1.3 tokens each in prose, 2–3 in
+            code); documents shorter than this are not used.
+        max_words: longest passage; each prompt draws its length uniformly in ``[min_words, max_words]``.
+        code_fraction: share of prompts drawn from standard-library source.
+        retrieval_fraction: share of prompts that are ``find_value``.
+        heldout_fraction: share of documents held out (see :func:`split_by_document`).
+        seed: base seed.
+        essays_dir: essay folder (``*.txt``); default: the cached embedded essays.
+        stdlib_dir: Python source tree; default: the running interpreter's standard library.
+    """
+
+    def __init__(
+        self,
+        split: Literal["train", "heldout"] = "train",
+        num_prompts: int = 64,
+        min_words: int = 200,
+        max_words: int = 800,
+        code_fraction: float = 0.25,
+        retrieval_fraction: float = 0.3,
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+        seed: int = 0,
+        essays_dir: str | None = None,
+        stdlib_dir: str | None = None,
+    ) -> None:
+        if split not in ("train", "heldout"):
+            raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+        if num_prompts < 0:
+            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
+        if not 1 <= min_words <= max_words:
+            raise ValueError(
+                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
+            )
+        for name, value in (
+            ("code_fraction", code_fraction),
+            ("retrieval_fraction", retrieval_fraction),
+            ("heldout_fraction", heldout_fraction),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self.split = split
+        self.num_prompts = num_prompts
+        self.min_words = min_words
+        self.max_words = max_words
+        self.code_fraction = code_fraction
+        self.retrieval_fraction = retrieval_fraction
+        self.heldout_fraction = heldout_fraction
+        self.seed = seed
+        self.essays_dir = essays_dir
+        self.stdlib_dir = stdlib_dir
+        self._pools: dict[str, list[_Document]] | None = None
+
+    def __len__(self) -> int:
+        return self.num_prompts
+
+    def __iter__(self) -> Iterator[Prompt]:
+        pools = self._load_pools()
+        for index in range(self.num_prompts):
+            yield self._prompt(index, random.Random(f"lkv-builtin:{self.seed}:{index}"), pools)
+
+    def describe(self) -> str:
+        return (
+            f"BuiltinPrompts(split={self.split}, num_prompts={self.num_prompts}, "
+            f"words={self.min_words}..{self.max_words}, code_fraction={self.code_fraction}, "
+            f"retrieval_fraction={self.retrieval_fraction}, heldout_fraction={self.heldout_fraction}, "
+            f"seed={self.seed}, stdlib=python{sys.version_info.major}.{sys.version_info.minor})"
+        )
+
+    def _load_pools(self) -> dict[str, list[_Document]]:
+        """Documents of this split, cut into units, per source (read once, on first iteration)."""
+        if self._pools is None:
+            self._pools = {}
+            if self.code_fraction < 1.0:
+                self._pools[ESSAY_SOURCE] = self._pool(ESSAY_SOURCE, essay_documents(self.essays_dir))
+            if self.code_fraction > 0.0:
+                self._pools[STDLIB_SOURCE] = self._pool(STDLIB_SOURCE, stdlib_documents(self.stdlib_dir))
+        return self._pools
+
+    def _pool(self, source: str, files: dict[str, Path]) -> list[_Document]:
+        train, heldout = split_by_document(list(files), self.heldout_fraction)
+        chosen = sorted(heldout if self.split == "heldout" else train)
+        pool = []
+        for doc_id in chosen:
+            try:
+                text = files[doc_id].read_text(encoding="utf-8")
+            except UnicodeDecodeError:  # a few stdlib test fixtures are deliberately not UTF-8
+                continue
+            document = _cut_code(doc_id, text) if source == STDLIB_SOURCE else _cut_prose(doc_id, text)
+            if document.cumulative[-1] >= self.min_words:
+                pool.append(document)
+        if not pool:
+            raise ValueError(
+                f"no {source} document of at least min_words={self.min_words} words in the {self.split!r} "
+                f"split ({len(chosen)} of {len(files)} documents; heldout_fraction={self.heldout_fraction})"
+            )
+        return pool
+
+    def _prompt(self, index: int, rng: random.Random, pools: dict[str, list[_Document]]) -> Prompt:
+        source = STDLIB_SOURCE if rng.random() < self.code_fraction else ESSAY_SOURCE
+        document = rng.choice(pools[source])
+        units = _window(document, rng.randint(self.min_words, self.max_words), rng)
+        code = source == STDLIB_SOURCE
+        answer = None
+        meta: dict[str, Any] = {}
+        if rng.random() < self.retrieval_fraction:
+            kind = "find_value"
+            fact, questions = rng.choice(_FACTS)
+            key, value = rng.choice(_KEYS), str(rng.randrange(1_000_000, 10_000_000))
+            depth = rng.randint(0, len(units))
+            units.insert(depth, _as_unit(fact.format(key=key, value=value), units, depth, code))
+            instruction = rng.choice(questions).format(key=key)
+            answer = value
+            meta["depth"] = round(depth / (len(units) - 1), 4)
+        else:
+            kind = rng.choice(_FAMILIES[source])
+            instruction = _instruction(kind, units, code, rng)
+        passage = "".join(units).rstrip() if code else " ".join(units)
+        meta["words"] = len(passage.split())
+        if code:
+            module = document.doc_id.removeprefix(f"{STDLIB_SOURCE}/").removesuffix(".py").replace("/", ".")
+            intro = rng.choice(_CODE_INTROS).format(module=module)
+            passage = f"```python\n{passage}\n```"
+        else:
+            intro = rng.choice(_PROSE_INTROS)
+        # Mostly question-after-context (what LookaheadKV must anticipate), sometimes instruction first.
+        parts = [instruction, intro, passage] if rng.random() < 0.2 else [intro, passage, instruction]
+        messages = [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
+        # The content hash keeps ids distinct across settings: label runs resume by skipping known ids.
+        digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]
+        return Prompt(
+            id=f"builtin-{self.split}-s{self.seed}-{index:05d}-{digest}",
+            messages=messages,
+            source=source,
+            doc_id=document.doc_id,
+            kind=kind,
+            answer=answer,
+            meta=meta,
+        )
+
+
+def _cut_prose(doc_id: str, text: str) -> _Document:
+    flat = " ".join(text.split())
+    bounds = [0, *(m.end() for m in _SENTENCE_END.finditer(flat)), len(flat)]
+    pieces = (flat[a:b].strip() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    sentences = [s for s in pieces if s]
+    return _document(doc_id, sentences, list(range(len(sentences))))
+
+
+def _cut_code(doc_id: str, text: str) -> _Document:
+    lines = [line + "\n" for line in text.splitlines()]  # every line ends in \n, even the file's last
+    # Start at a top-level block after a blank line, so a passage begins with a whole definition,
+    # decorator, comment block or import group.
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if (line[:1].isalpha() or line.startswith(("@", "#"))) and (i == 0 or not lines[i - 1].strip())
+    ]
+    return _document(doc_id, lines, starts or [0])
+
+
+def _document(doc_id: str, units: list[str], starts: list[int]) -> _Document:
+    cumulative = [0]
+    for unit in units:
+        cumulative.append(cumulative[-1] + len(unit.split()))
+    return _Document(doc_id, units, starts, cumulative)
+
+
+def _window(document: _Document, target_words: int, rng: random.Random) -> list[str]:
+    """Whole units from a random start until ``target_words`` words (or the document's end)."""
+    total = document.cumulative[-1]
+    fitting = [s for s in document.starts if total - document.cumulative[s] >= target_words]
+    start = rng.choice(fitting) if fitting else document.starts[0]
+    stop = start + 1
+    while (
+        stop < len(document.units) and document.cumulative[stop] - document.cumulative[start] < target_words
+    ):
+        stop += 1
+    return document.units[start:stop]
+
+
+def _as_unit(fact: str, units: list[str], position: int, code: bool) -> str:
+    """The inserted fact as a sentence, or as a comment line indented like the code line it precedes."""
+    if not code:
+        return fact
+    neighbour = units[position] if position < len(units) else units[-1]
+    indent = neighbour[: len(neighbour) - len(neighbour.lstrip())] if neighbour.strip() else ""
+    return f"{indent}# {fact}\n"
+
+
+def _instruction(kind: str, units: list[str], code: bool, rng: random.Random) -> str:
+    """An instruction of family ``kind`` about the passage ``units``."""
+    text = "".join(units) if code else " ".join(units)
+    if kind == "summarize":
+        return rng.choice(_SUMMARIZE)
+    if kind == "extract":
+        return rng.choice(_EXTRACT_CODE if code else _EXTRACT_PROSE)
+    if kind == "code":
+        names = sorted(set(_DEFINITION.findall(text)))
+        if names and rng.random() < 0.5:
+            return rng.choice(_CODE_ABOUT).format(name=rng.choice(names))
+        return rng.choice(_CODE_GENERAL)
+    # question: about one of the passage's most frequent long words, or a general one
+    counts = Counter(w.lower() for w in _TERM.findall(text) if w.lower() not in _STOPWORDS)
+    terms = [word for word, _ in counts.most_common(5)]
+    if terms and rng.random() < 0.7:
+        return rng.choice(_QUESTION_ABOUT).format(term=rng.choice(terms))
+    return rng.choice(_QUESTION_GENERAL)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompts from files and datasets
+
+
+class JsonlPrompts(PromptSource):
+    """Prompts from a JSONL file: one JSON object per line with a ``messages`` list or a ``prompt`` string.
+
+    Optional per-line keys: ``doc_id`` (default: the prompt id), ``kind`` (default ``chat``), ``answer``.
+    Trailing assistant turns are dropped: the model's own response is what gets labelled.
+
+    Args:
+        path: the ``.jsonl`` file.
+        field: key holding the prompt; default: ``messages`` if present, else ``prompt``.
+        id_field: key holding a unique id; default: ``<file stem>-<line number>``.
+    """
+
+    def __init__(self, path: str, field: str | None = None, id_field: str | None = None) -> None:
+        self.path = Path(path)
+        self.field = field
+        self.id_field = id_field
+
+    def __iter__(self) -> Iterator[Prompt]:
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such prompt file")
+        seen: dict[str, int] = {}
+        with self.path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{self.path}:{number}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise ValueError(
+                        f"{where}: not valid JSON ({error.msg} at column {error.colno})"
+                    ) from None
+                prompt = _record_prompt(
+                    record,
+                    where,
+                    f"jsonl:{self.path.name}",
+                    f"{self.path.stem}-{number}",
+                    self.field,
+                    self.id_field,
+                )
+                if prompt.id in seen:
+                    raise ValueError(f"{where}: id {prompt.id!r} already used on line {seen[prompt.id]}")
+                seen[prompt.id] = number
+                yield prompt
+
+    def describe(self) -> str:
+        return f"JsonlPrompts(path={self.path}, field={self.field}, id_field={self.id_field})"
+
+
+class HFDatasetPrompts(PromptSource):
+    """Prompts from a Hugging Face dataset: a hub id (when online) or a local file or folder.
+
+    Rows hold a ``messages`` list or a ``prompt`` string like :class:`JsonlPrompts` lines. Local
+    ``.json``/``.jsonl``/``.parquet``/``.arrow``/``.csv`` files and folders of them load offline.
+
+    Args:
+        path_or_name: hub id (e.g. ``nvidia/ChatQA2-Long-SFT-data``), local folder or data file.
+        split: dataset split.
+        field: column holding the prompt; default: ``messages`` if present, else ``prompt``.
+        streaming: stream rows instead of downloading/materialising the whole split.
+        config_name: dataset configuration (e.g. ``long_sft``).
+        id_field: column with a unique id; default: ``<name>-<split>-<row>``.
+        context_field: column with a document to put before the first user turn (ChatQA-style
+            ``document``); it also becomes the ``doc_id`` (hashed) unless ``doc_field`` is given.
+        doc_field: column naming the source document, for :func:`split_by_document`.
+        limit: stop after this many prompts.
+    """
+
+    def __init__(
+        self,
+        path_or_name: str,
+        split: str = "train",
+        field: str | None = None,
+        streaming: bool = False,
+        config_name: str | None = None,
+        id_field: str | None = None,
+        context_field: str | None = None,
+        doc_field: str | None = None,
+        limit: int | None = None,
+    ) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be ≥ 0 or None, got {limit}")
+        self.path_or_name = path_or_name
+        self.split = split
+        self.field = field
+        self.streaming = streaming
+        self.config_name = config_name
+        self.id_field = id_field
+        self.context_field = context_field
+        self.doc_field = doc_field
+        self.limit = limit
+
+    def _dataset(self):
+        from datasets import load_dataset  # imported on use: configs must parse without loading datasets
+
+        path = Path(self.path_or_name)
+        if path.is_file():
+            builders = {
+                ".json": "json",
+                ".jsonl": "json",
+                ".parquet": "parquet",
+                ".arrow": "arrow",
+                ".csv": "csv",
+            }
+            if path.suffix not in builders:
+                raise ValueError(
+                    f"{path}: unsupported data file type {path.suffix!r}, expected one of {list(builders)}"
+                )
+            return load_dataset(
+                builders[path.suffix], data_files=str(path), split=self.split, streaming=self.streaming
+            )
+        return load_dataset(self.path_or_name, self.config_name, split=self.split, streaming=self.streaming)
+
+    def __iter__(self) -> Iterator[Prompt]:
+        name = Path(self.path_or_name).name if Path(self.path_or_name).exists() else self.path_or_name
+        source = f"hf:{self.path_or_name}" + (f"/{self.config_name}" if self.config_name else "")
+        for row, record in enumerate(self._dataset()):
+            if self.limit is not None and row >= self.limit:
+                return
+            where = f"{self.path_or_name} [{self.split}] row {row}"
+            prompt = _record_prompt(
+                record, where, source, f"{name}-{self.split}-{row}", self.field, self.id_field
+            )
+            if self.context_field is not None:
+                context = _required(record, self.context_field, str, where)
+                first_user = next(m for m in prompt.messages if m["role"] == "user")
+                first_user["content"] = f"{context}\n\n{first_user['content']}"
+                prompt.doc_id = "context-" + hashlib.sha256(context.encode()).hexdigest()[:16]
+            if self.doc_field is not None:
+                prompt.doc_id = str(_required(record, self.doc_field, (str, int), where))
+            yield prompt
+
+    def describe(self) -> str:
+        return (
+            f"HFDatasetPrompts(path_or_name={self.path_or_name}, config_name={self.config_name}, "
+            f"split={self.split}, field={self.field}, context_field={self.context_field}, limit={self.limit})"
+        )
+
+
+def _required(record: dict, key: str, types: type | tuple[type, ...], where: str) -> Any:
+    if key not in record:
+        raise ValueError(f"{where}: missing field {key!r} (found {sorted(record)})")
+    value = record[key]
+    if not isinstance(value, types):
+        raise ValueError(f"{where}: field {key!r} must be {_type_names(types)}, found {type(value).__name__}")
+    return value
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+
+
+def _record_prompt(
+    record: Any, where: str, source: str, default_id: str, field_name: str | None, id_field: str | None
+) -> Prompt:
+    """A :class:`Prompt` from one JSON object / dataset row."""
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, found {type(record).__name__}")
+    if field_name is None:
+        field_name = next((k for k in ("messages", "prompt") if k in record), None)
+        if field_name is None:
+            raise ValueError(
+                f"{where}: expected a 'messages' list or a 'prompt' string, found keys {sorted(record)}"
+            )
+    prompt_id = str(_required(record, id_field, (str, int), where)) if id_field else default_id
+    answer = record.get("answer")
+    return Prompt(
+        id=prompt_id,
+        messages=_messages(_required(record, field_name, (str, list), where), where, field_name),
+        source=source,
+        doc_id=str(record.get("doc_id", prompt_id)),
+        kind=str(record.get("kind", "chat")),
+        answer=answer if isinstance(answer, str) else None,
+    )
+
+
+def _messages(value: str | list, where: str, field_name: str) -> list[dict[str, str]]:
+    """Validate chat turns (a bare string is one user turn); trailing assistant turns are dropped."""
+    if isinstance(value, str):
+        messages = [{"role": "user", "content": value}]
+    else:
+        messages = []
+        for i, turn in enumerate(value):
+            valid = (
+                isinstance(turn, dict)
+                and isinstance(turn.get("role"), str)
+                and isinstance(turn.get("content"), str)
+            )
+            if not valid:
+                raise ValueError(
+                    f"{where}: {field_name}[{i}] must be {{'role': str, 'content': str}}, found {turn!r:.80}"
+                )
+            if turn["role"] not in ("system", "user", "assistant"):
+                raise ValueError(
+                    f"{where}: {field_name}[{i}] has role {turn['role']!r}, expected system, user or assistant"
+                )
+            messages.append({"role": turn["role"], "content": turn["content"]})
+        while messages and messages[-1]["role"] == "assistant":
+            messages.pop()
+    if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+        raise ValueError(f"{where}: {field_name} has no non-empty user turn")
+    return messages
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def render_prompt(
+    prompt: Prompt, tokenizer, max_prompt_tokens: int, truncation: Truncation = "middle"
+) -> list[int] | None:
+    """Token ids of ``prompt`` under the tokenizer's chat template, ready for generation.
+
+    The template is applied with ``add_generation_prompt=True`` and the text tokenised without extra
+    special tokens (the template writes its own).
+
+    Args:
+        max_prompt_tokens: length limit of the rendered prompt.
+        truncation: for an over-long prompt — ``middle`` keeps the first and last halves of the longest user
+            turn's tokens (LongBench style), ``left`` keeps its end; both cut inside the content and render
+            again, so the template stays intact. ``skip`` returns None; ``error`` raises.
+
+    Raises:
+        ValueError: empty prompt; ``truncation="error"`` and the prompt is too long; or the template and
+            the other turns alone exceed the limit.
+    """
+    if truncation not in TRUNCATIONS:
+        raise ValueError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+    if max_prompt_tokens <= 0:
+        raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
+    if not any(m["content"].strip() for m in prompt.messages):
+        raise ValueError(f"prompt {prompt.id!r} is empty")
+    ids = _encode(tokenizer, prompt.messages)
+    if len(ids) <= max_prompt_tokens:
+        return ids
+    if truncation == "skip":
+        return None
+    if truncation == "error":
+        raise ValueError(
+            f"prompt {prompt.id!r} is {len(ids)} tokens, over max_prompt_tokens={max_prompt_tokens} "
+            "(truncation='error'; use 'middle', 'left' or 'skip' to accept it)"
+        )
+    users = [i for i, m in enumerate(prompt.messages) if m["role"] == "user"]
+    target = max(users, key=lambda i: len(prompt.messages[i]["content"]))
+    content = tokenizer(prompt.messages[target]["content"], add_special_tokens=False)["input_ids"]
+    overflow = len(ids) - max_prompt_tokens
+    while True:
+        keep = len(content) - overflow
+        if keep <= 0:
+            raise ValueError(
+                f"prompt {prompt.id!r} does not fit max_prompt_tokens={max_prompt_tokens} even with its longest "
+                f"user turn removed ({len(ids) - len(content)} tokens of template and other turns)"
+            )
+        if truncation == "middle":
+            head = keep // 2
+            text = _decode(tokenizer, content[:head]) + _decode(
+                tokenizer, content[len(content) - (keep - head) :]
+            )
+        else:
+            text = _decode(tokenizer, content[len(content) - keep :])
+        messages = [dict(m) for m in prompt.messages]
+        messages[target]["content"] = text
+        ids = _encode(tokenizer, messages)
+        if len(ids) <= max_prompt_tokens:
+            return ids
+        # Cutting and decoding can merge tokens differently; shrink by what is still over.
+        overflow += len(ids) - max_prompt_tokens
+
+
+def _encode(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True) if ids else ""

@@ -1,0 +1,1 @@
+"""Stage 1, the models: the embedded assets, GGUF conversion, backbone loading and the lookahead adapter."""

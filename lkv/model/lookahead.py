@@ -1,0 +1,284 @@
+"""The lookahead module: ``M`` learned embeddings + a LoRA adapter that is active only while they run.
+
+After a prompt's prefill (adapter off, so the cache is exactly the base model's), :meth:`LookaheadAdapter.predict`
+appends the ``M`` embeddings at positions ``S..S+M-1`` with the adapter on, reads their attention on the
+prompt keys through an :class:`~lkv.core.attention.ImportanceCapture`, then crops their K/V away and switches the
+adapter off again. Only the embeddings and the LoRA weights train; the LLM is frozen (DESIGN §1).
+
+An exported folder (:meth:`LookaheadAdapter.save`) holds::
+
+    lookahead.json                    settings + the base model's signature
+    lookahead_embeddings.safetensors  {"embeddings": (M, hidden)} float32
+    adapter_config.json, adapter_model.safetensors   peft LoRA files (absent for embeddings-only modules)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from lkv import __version__
+from lkv.core.attention import ImportanceCapture
+from lkv.core.generation import crop_to
+
+CONFIG_FILE = "lookahead.json"
+EMBEDDINGS_FILE = "lookahead_embeddings.safetensors"
+INITS = ("vocab_mean", "random_tokens", "normal")
+NO_LORA = "none"
+
+
+@dataclass
+class LookaheadConfig:
+    """Settings of a lookahead module, stored as ``lookahead.json`` beside its weights.
+
+    Attributes:
+        num_tokens: ``M``, the number of lookahead embeddings.
+        hidden_size: width of each embedding (the base model's hidden size).
+        lora_rank, lora_alpha, lora_dropout: LoRA settings (ignored when ``target_modules`` is ``"none"``).
+        target_modules: ``"all-linear"`` (q,k,v,o,gate,up,down; never lm_head), a list of module names,
+            or ``"none"`` for an embeddings-only module.
+        init, seed: how the embeddings were initialised.
+        base_model: the base model's signature (:meth:`lkv.model.backbone.ModelSignature.to_dict`), if known.
+    """
+
+    num_tokens: int
+    hidden_size: int
+    lora_rank: int = 8
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    init: str = "vocab_mean"
+    seed: int = 0
+    base_model: dict[str, Any] | None = None
+    lkv_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def uses_lora(self) -> bool:
+        return _uses_lora(self.target_modules)
+
+
+def _uses_lora(target_modules: list[str] | str) -> bool:
+    if isinstance(target_modules, str):
+        return target_modules != NO_LORA
+    return len(target_modules) > 0
+
+
+def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: int) -> torch.Tensor:
+    """Initial lookahead embeddings ``(M, hidden)`` float32 from the model's input embedding table.
+
+    ``vocab_mean``: every row is the mean token embedding (rows still differ through their positions);
+    ``random_tokens``: embeddings of ``M`` seeded random vocabulary tokens;
+    ``normal``: N(0, σ²) with σ the table's standard deviation.
+    """
+    table = model.get_input_embeddings().weight.detach().float()
+    gen = torch.Generator().manual_seed(seed)
+    if init == "vocab_mean":
+        return table.mean(dim=0, keepdim=True).expand(num_tokens, -1).clone().cpu()
+    if init == "random_tokens":
+        rows = torch.randint(0, table.shape[0], (num_tokens,), generator=gen)
+        return table[rows.to(table.device)].clone().cpu()
+    if init == "normal":
+        return torch.randn(num_tokens, table.shape[1], generator=gen) * table.std().item()
+    raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
+
+
+def _adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Every parameter peft added (LoRA A/B, ...), found through peft's own bookkeeping."""
+    params: list[nn.Parameter] = []
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer):
+            for layer_name in module.adapter_layer_names:
+                params.extend(getattr(module, layer_name).parameters())
+    return params
+
+
+class LookaheadAdapter(nn.Module):
+    """Frozen model + ``M`` lookahead embeddings + a peft LoRA adapter that is active ONLY inside :meth:`predict`.
+
+    Attributes:
+        model: the base model with the (disabled) adapter injected — a ``PeftModel``, or the plain model for
+            an embeddings-only module. Outside :meth:`predict` it computes exactly the base model, so it
+            serves as the model for prefill and decoding.
+        embeddings: ``(M, hidden)`` float32 lookahead embeddings.
+        config: :class:`LookaheadConfig`.
+
+    Build with :meth:`create` (training) or :meth:`load` (an exported folder), not with the constructor.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel | PeftModel,
+        embeddings: torch.Tensor,
+        config: LookaheadConfig,
+        trainable: bool,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        device = next(model.parameters()).device
+        self.embeddings = nn.Parameter(embeddings.to(device, torch.float32), requires_grad=trainable)
+        self.config = config
+        self.trainable = trainable
+        self._adapter_params = _adapter_parameters(model)
+        self._set_adapter(False)
+        self.train(trainable)
+
+    @classmethod
+    def create(
+        cls,
+        model: PreTrainedModel,
+        num_tokens: int = 32,
+        lora_rank: int = 8,
+        lora_alpha: int = 32,
+        lora_dropout: float = 0.0,
+        target_modules: list[str] | str = "all-linear",
+        init: str = "vocab_mean",
+        seed: int = 0,
+    ) -> LookaheadAdapter:
+        """A fresh, trainable lookahead module on ``model`` (frozen; prepared with ``install_capture``).
+
+        The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0).
+        """
+        if num_tokens <= 0:
+            raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        config = LookaheadConfig(
+            num_tokens=num_tokens,
+            hidden_size=model.config.hidden_size,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=target_modules,
+            init=init,
+            seed=seed,
+        )
+        embeddings = init_embeddings(model, num_tokens, init, seed)
+        model.requires_grad_(False)
+        if config.uses_lora:
+            if lora_rank <= 0:
+                raise ValueError(
+                    f"lora_rank must be positive, got {lora_rank} (use target_modules='none' for no LoRA)"
+                )
+            torch.manual_seed(seed)  # LoRA A's random init
+            lora = LoraConfig(
+                r=lora_rank,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                target_modules=target_modules,
+                bias="none",
+            )
+            model = get_peft_model(model, lora)
+        return cls(model, embeddings, config, trainable=True)
+
+    @classmethod
+    def load(cls, folder: str | Path, model: PreTrainedModel, trainable: bool = False) -> LookaheadAdapter:
+        """Rebuild a module saved by :meth:`save` (an ``lkv export`` folder) on top of ``model``.
+
+        Args:
+            model: the base model (prepared with ``install_capture``); its shape must match the saved one.
+            trainable: keep the embeddings and LoRA weights trainable (to continue training).
+        """
+        folder = Path(folder)
+        path = folder / CONFIG_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not found — is {folder} a folder written by `lkv export`?")
+        try:
+            config = LookaheadConfig(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as err:
+            raise ValueError(f"{path}: malformed lookahead config ({err})") from err
+        if config.hidden_size != model.config.hidden_size:
+            raise ValueError(
+                f"{folder}: lookahead module was trained for hidden size {config.hidden_size}, "
+                f"the given model has {model.config.hidden_size}"
+            )
+        embeddings = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"]
+        if tuple(embeddings.shape) != (config.num_tokens, config.hidden_size):
+            raise ValueError(
+                f"{folder / EMBEDDINGS_FILE}: embeddings have shape {tuple(embeddings.shape)}, "
+                f"{CONFIG_FILE} says ({config.num_tokens}, {config.hidden_size})"
+            )
+        model.requires_grad_(False)
+        if config.uses_lora:
+            model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
+        return cls(model, embeddings, config, trainable=trainable)
+
+    def save(self, folder: str | Path) -> None:
+        """Write the standalone adapter folder (peft files + embeddings + ``lookahead.json``)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.config.uses_lora:
+            self.model.save_pretrained(str(folder), save_embedding_layers=False)
+        save_file(
+            {"embeddings": self.embeddings.detach().float().cpu().contiguous()}, str(folder / EMBEDDINGS_FILE)
+        )
+        (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
+
+    def trainable_parameters(self) -> dict[str, nn.Parameter]:
+        """Name → parameter of everything that trains (embeddings + LoRA), names as in ``named_parameters``."""
+        adapter = {id(p) for p in self._adapter_params}
+        return {n: p for n, p in self.named_parameters() if n == "embeddings" or id(p) in adapter}
+
+    def train(self, mode: bool = True) -> LookaheadAdapter:
+        """Switch the adapter's own dropout; the frozen model always stays in eval mode."""
+        self.training = mode
+        self.model.eval()
+        for module in self.model.modules():
+            if isinstance(module, BaseTunerLayer):
+                dropout = getattr(module, "lora_dropout", None)
+                if dropout is not None:
+                    dropout.train(mode)
+        return self
+
+    def _set_adapter(self, enabled: bool) -> None:
+        if not self.config.uses_lora:
+            return
+        if enabled:
+            self.model.base_model.enable_adapter_layers()
+        else:
+            self.model.base_model.disable_adapter_layers()
+        # peft flips requires_grad with the switch; trainability must not depend on it (DDP registers the
+        # parameters that require grad once, while the adapter is off).
+        for p in self._adapter_params:
+            p.requires_grad_(self.trainable)
+
+    def predict(self, cache: DynamicCache, prompt_len: int) -> torch.Tensor:
+        """Predicted importance of every prompt position.
+
+        Runs the ``M`` embeddings at positions ``S..S+M-1`` on top of the prompt cache with the adapter on
+        and reduces their attention on the prompt keys. The cache is cropped back to ``prompt_len`` and the
+        adapter switched off even on error. Differentiable when grad is enabled (no LM head is applied).
+
+        Args:
+            cache: the prompt's cache from a prefill with the adapter off, exactly ``prompt_len`` entries.
+
+        Returns:
+            ``(1, layers, kv_heads, S)`` float32; every ``[0, l, h]`` row sums to 1.
+        """
+        if cache.get_seq_length() != prompt_len:
+            raise ValueError(
+                f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}"
+            )
+        base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        decoder = base.get_decoder()
+        dtype = base.get_input_embeddings().weight.dtype
+        embeds = self.embeddings.to(dtype)[None]
+        positions = torch.arange(prompt_len, prompt_len + self.config.num_tokens, device=embeds.device)[None]
+        # the capture computes the M queries' attention output too: the layer's kernel would repeat its logits
+        capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
+        self._set_adapter(True)
+        try:
+            decoder(
+                inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, lkv_capture=capture
+            )
+        finally:
+            crop_to(cache, prompt_len)
+            self._set_adapter(False)
+        return capture.scores(base.config.num_hidden_layers)

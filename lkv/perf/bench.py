@@ -1,0 +1,686 @@
+"""``lkv bench``: side-by-side speed and memory of lkv's hot paths against their baselines.
+
+Sub-benchmarks (``--which``), each measuring all its variants in one process, interleaved, ``repeats`` times
+after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting medians and ratios:
+
+``train-step``
+    the two-phase step of :mod:`lkv.train.module` (``LookaheadKVModule.training_step`` + backward) vs the naive
+    full-sequence forward + backward with a per-token LoRA mask (:mod:`lkv.perf.naive_step`), in two
+    variants: ``naive`` (sdpa + lkv's row capture, the strongest naive step) and ``naive-eager`` (the
+    guides' eager attention with ``output_attentions``, measured up to ``eager_max_length``): seconds per
+    step and peak memory.
+``ttft``
+    time to first token (prefill + scoring + eviction, :meth:`lkv.eviction.compressor.Compressor.compress`) per
+    method; its overhead over a plain prefill (the median of per-round differences, as both ran back to
+    back), and the eviction stage alone (scoring + selection + gathering) as a share of the plain prefill —
+    short, hence far less noisy than a difference of two prefills. LookaheadKV runs a randomly initialised
+    module (timing does not depend on its weights).
+``label``
+    ground-truth capture (:func:`lkv.labels.labeller.label_prompt`: one prefill, greedy response, one
+    teacher-forced pass over the response only) vs ``model.generate`` + one teacher-forced forward over
+    prompt + response: seconds and peak memory, whose growth with the prompt length is fitted to a line.
+``decode``
+    seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one.
+
+Peak memory (``train-step``, ``label``) follows :mod:`lkv.perf.memory`: CUDA allocator statistics on a GPU,
+one fresh subprocess per measurement on the CPU. Prompts are seeded random token ids; generations never
+stop early (no EOS), so every variant does the same amount of work.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from lkv.core.cache import cache_bytes
+from lkv.core.generation import decode, prefill
+from lkv.eviction.presses import LookaheadKVPress, Press, make_press
+from lkv.perf.memory import cuda_peak_bytes, subprocess_peak_bytes
+from lkv.perf.models import load_model
+from lkv.perf.timing import Case, Timings, linear_fit, time_interleaved
+
+DEFAULT_LENGTHS: dict[str, tuple[int, ...]] = {
+    "train-step": (1024, 2048, 4096),
+    "ttft": (1024, 2048, 4096, 8192),
+    "label": (1024, 2048, 4096),
+    "decode": (1024, 2048, 4096),
+}
+BENCHMARKS = tuple(DEFAULT_LENGTHS)
+# the variant every other one is compared with
+REFERENCE = {"train-step": "naive", "ttft": "prefill", "label": "generate+forward", "decode": "full"}
+MEASURES_MEMORY = ("train-step", "label")
+MIB = 2**20
+
+
+@dataclass
+class BenchSettings:
+    """What the cases are built from (shared with the memory subprocesses, hence plain JSON values).
+
+    See :func:`bench` for the meaning of each field.
+    """
+
+    model: str = "smollm2-135m"
+    dtype: str = "float32"
+    device: str | None = None
+    attn_implementation: str = "sdpa"
+    methods: list[str] = field(default_factory=lambda: ["snapkv", "lookaheadkv", "laq", "speckv"])
+    budget: int = 256
+    window: int = 32
+    num_lookahead: int = 32
+    lora_rank: int = 8
+    draft_tokens: int = 8
+    draft_layers: int | None = None
+    response_tokens: int = 64
+    decode_tokens: int = 32
+    eager_max_length: int = 2048
+    seed: int = 0
+
+    def variants(self, which: str, length: int | None = None) -> list[str]:
+        """Variants of ``which``; with ``length``, those measured at that prompt length."""
+        eager = length is None or length <= self.eager_max_length
+        return {
+            "train-step": ["two-phase", "naive"] + (["naive-eager"] if eager else []),
+            "ttft": ["prefill", *self.methods],
+            "label": ["label_prompt", "generate+forward"],
+            "decode": ["full", "compressed"],
+        }[which]
+
+
+class Workbench:
+    """The models and inputs the cases of one process share, each built on first use."""
+
+    def __init__(self, settings: BenchSettings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def model(self) -> PreTrainedModel:
+        s = self.settings
+        return load_model(s.model, s.dtype, s.device, s.attn_implementation)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @cached_property
+    def lookahead(self):
+        """A randomly initialised lookahead module on a *copy* of the model.
+
+        The LoRA is injected in place, so the plain prefill and the other methods keep running the
+        unwrapped model, while LookaheadKV pays for peft's (disabled) wrappers in its own prefill.
+        """
+        from lkv.model.lookahead import LookaheadAdapter
+
+        s = self.settings
+        return LookaheadAdapter.create(
+            copy.deepcopy(self.model), num_tokens=s.num_lookahead, lora_rank=s.lora_rank, seed=s.seed
+        )
+
+    @cached_property
+    def training_module(self):
+        """``LookaheadKVModule`` around :attr:`lookahead`, so the benchmark runs its real ``training_step``."""
+        from lkv.train.module import LookaheadKVModule
+
+        s = self.settings
+        module = LookaheadKVModule(
+            model=s.model, dtype=s.dtype, num_lookahead=s.num_lookahead, lora_rank=s.lora_rank, seed=s.seed
+        )
+        module.adapter = self.lookahead  # configure_model() then keeps it instead of loading a backbone
+        return module
+
+    def prompt(self, length: int) -> torch.Tensor:
+        """``(1, length)`` seeded random token ids."""
+        generator = torch.Generator().manual_seed(self.settings.seed + length)
+        ids = torch.randint(0, self.model.config.vocab_size, (1, length), generator=generator)
+        return ids.to(self.device)
+
+    def target(self, length: int) -> torch.Tensor:
+        """``(layers, kv_heads, length)`` random label distributions."""
+        config = self.model.config
+        generator = torch.Generator().manual_seed(self.settings.seed)
+        logits = torch.randn(
+            config.num_hidden_layers, config.num_key_value_heads, length, generator=generator
+        )
+        return torch.softmax(logits, dim=-1).to(self.device)
+
+    def press(self, method: str) -> Press:
+        s = self.settings
+        if method == "lookaheadkv":
+            return LookaheadKVPress(self.lookahead)
+        if method == "laq":  # its SnapKV-compressed draft cache keeps the eviction budget, as in the paper
+            return make_press(method, draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
+        if method == "speckv":
+            return make_press(method, draft_layers=s.draft_layers, num_tokens=s.draft_tokens, window=s.window)
+        if method in ("snapkv", "pyramidkv"):
+            return make_press(method, window=s.window)
+        return make_press(method)
+
+    def case(self, which: str, variant: str, length: int) -> Case:
+        builders = {
+            "train-step": self._train_step,
+            "ttft": self._ttft,
+            "label": self._label,
+            "decode": self._decode,
+        }
+        if variant not in self.settings.variants(which):
+            raise ValueError(f"{which} has no variant {variant!r}; it has {self.settings.variants(which)}")
+        return builders[which](variant, length)
+
+    def _train_step(self, variant: str, length: int) -> Case:
+        from lkv.perf.naive_step import naive_loss
+
+        ids, target = self.prompt(length), self.target(length)
+        params = list(self.lookahead.trainable_parameters().values())
+
+        def reset() -> None:
+            for param in params:
+                param.grad = None
+
+        if variant in ("naive", "naive-eager"):
+            attention = "eager" if variant == "naive-eager" else "capture"
+            return Case(
+                run=lambda: naive_loss(self.lookahead, ids, target, attention).backward(), reset=reset
+            )
+        module = self.training_module
+        sample = {"id": "bench", "prompt_ids": ids[0], "response_ids": ids[0, :0], "scores": target}
+
+        def two_phase() -> None:
+            with warnings.catch_warnings():  # self.log() without a Trainer warns and does nothing
+                warnings.simplefilter("ignore")
+                loss = module.training_step([sample], 0)
+            loss.backward()
+
+        return Case(run=two_phase, reset=reset)
+
+    def _ttft(self, variant: str, length: int) -> Case:
+        from lkv.eviction.compressor import Compressor
+
+        ids = self.prompt(length)
+        if variant == "prefill":
+
+            def plain() -> None:
+                prefill(self.model, ids)
+
+            return Case(run=plain)
+        if self.settings.budget >= length:
+            raise ValueError(f"ttft: budget {self.settings.budget} must be below the prompt length {length}")
+        press = self.press(variant)
+        model = press.base_model if isinstance(press, LookaheadKVPress) else self.model
+        compressor = Compressor(model, None, press, budget=self.settings.budget)
+        compressor.eos_token_ids = []  # LAQ/SpecKV pseudo responses always run their full length
+
+        def run() -> dict[str, float]:
+            out = compressor.compress(ids)
+            return {"prefill_s": out.prefill_s, "eviction_s": out.eviction_s}
+
+        return Case(run=run)
+
+    def _label(self, variant: str, length: int) -> Case:
+        from lkv.labels.labeller import label_prompt
+
+        ids, tokens = self.prompt(length), self.settings.response_tokens
+        model = self.model
+        if variant == "label_prompt":
+
+            def run() -> None:
+                label = label_prompt(model, ids[0].tolist(), tokens, eos_token_ids=[])
+                assert len(label.response_ids) == tokens and label.scores is not None
+
+            return Case(run=run)
+
+        @torch.no_grad()
+        def generate_and_forward() -> None:
+            out = model.generate(
+                ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
+            )
+            assert out.shape[1] == length + tokens
+            model(input_ids=out, logits_to_keep=1)
+
+        return Case(run=generate_and_forward)
+
+    def _decode(self, variant: str, length: int) -> Case:
+        from lkv.eviction.compressor import Compressor
+
+        ids, steps = self.prompt(length), self.settings.decode_tokens
+        if variant == "full":
+            source, logits = prefill(self.model, ids)
+        else:
+            if self.settings.budget >= length:
+                raise ValueError(
+                    f"decode: budget {self.settings.budget} must be below the prompt length {length}"
+                )
+            compressed = Compressor(self.model, None, self.press("snapkv"), self.settings.budget).compress(
+                ids
+            )
+            source, logits = compressed.cache, compressed.next_logits
+        state: dict[str, Any] = {}
+
+        def reset() -> None:
+            state["cache"] = copy.deepcopy(source)  # decoding grows the cache: every run starts afresh
+
+        def run() -> None:
+            # steps + 1 tokens = `steps` forward passes (the first token comes from the prefill's logits)
+            decode(self.model, state["cache"], logits, length, steps + 1)
+
+        entries = sum(layer.get_seq_length() for layer in source.layers)
+        return Case(run=run, reset=reset, info={"kv_bytes": cache_bytes(source), "kv_entries": entries})
+
+
+def memory_case(which: str, variant: str, length: int, settings: dict[str, Any]) -> Case:
+    """Entry point of the CPU memory subprocess: one case, built from scratch."""
+    return Workbench(BenchSettings(**settings)).case(which, variant, length)
+
+
+def _is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def _measure_length(
+    bench: Workbench, which: str, length: int, repeats: int, warmup: int, memory: bool, threads: int
+) -> dict[str, Any]:
+    """All variants of ``which`` at one prompt length: timings, extras, peak memory (or the error)."""
+    device = bench.device
+    cases: dict[str, Case] = {}
+    failed: dict[str, str] = {}
+    for variant in bench.settings.variants(which, length):
+        try:
+            cases[variant] = bench.case(which, variant, length)
+            if device.type == "cuda":  # find variants that do not fit before timing the others
+                cases[variant].reset()
+                cases[variant].run()
+        except RuntimeError as error:
+            if not _is_oom(error):
+                raise
+            cases.pop(variant, None)
+            failed[variant] = "out of memory"
+        if variant in failed:  # outside the handler, whose traceback still holds the failed run's tensors
+            torch.cuda.empty_cache()
+    timings = time_interleaved(cases, repeats, warmup, device) if cases else Timings({}, {})
+    out: dict[str, Any] = {}
+    for variant in bench.settings.variants(which, length):
+        if variant in failed:
+            out[variant] = {"error": failed[variant]}
+            continue
+        entry: dict[str, Any] = {"seconds": timings.seconds[variant], "median_s": timings.median(variant)}
+        entry.update({f"median_{k}": timings.extra_median(variant, k) for k in timings.extras[variant]})
+        entry.update(cases[variant].info)
+        if memory and which in MEASURES_MEMORY:
+            if device.type == "cuda":
+                entry["peak_bytes"] = cuda_peak_bytes(cases[variant], device)
+            else:
+                kwargs = {
+                    "which": which,
+                    "variant": variant,
+                    "length": length,
+                    "settings": asdict(bench.settings),
+                }
+                entry.update(subprocess_peak_bytes("lkv.perf.bench:memory_case", kwargs, threads))
+        out[variant] = entry
+    reference = REFERENCE[which]
+    if reference in cases:
+        for variant in cases:
+            if variant != reference:
+                out[variant]["minus_reference_s"] = timings.paired_difference(variant, reference)
+    return out
+
+
+def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The figures each sub-benchmark is judged by, from its raw measurements (missing ones are skipped)."""
+
+    def ok(*entries: dict) -> bool:
+        return all("median_s" in entry for entry in entries)
+
+    derived: dict[str, Any] = {}
+    for length, v in lengths.items():
+        d: dict[str, Any] = {}
+        if which == "train-step" and ok(v["two-phase"]):
+            for variant, suffix in (("naive", ""), ("naive-eager", "_eager")):
+                if ok(v.get(variant, {})):
+                    d["speedup" + suffix] = v[variant]["median_s"] / v["two-phase"]["median_s"]
+                    if "peak_bytes" in v[variant]:
+                        d["memory_ratio" + suffix] = v[variant]["peak_bytes"] / v["two-phase"]["peak_bytes"]
+        elif which == "ttft" and ok(v["prefill"]):
+            base = v["prefill"]["median_s"]
+            for method in settings.methods:
+                if ok(v[method]):
+                    overhead = v[method]["minus_reference_s"]
+                    d[method] = {
+                        "overhead_s": overhead,
+                        "overhead_pct": 100 * overhead / base,
+                        # scoring + selection + gathering alone: short, so far less noisy than a difference
+                        # of two prefills (but blind to work inside the prefill, e.g. SnapKV's capture)
+                        "eviction_pct": 100 * v[method]["median_eviction_s"] / base,
+                    }
+            if "lookaheadkv" in d:
+                d["lookaheadkv"]["floor_pct"] = 100 * settings.num_lookahead / length
+                for method in settings.methods:
+                    if method in d and method != "lookaheadkv":
+                        # all their extra work happens in the eviction stage, so compare it there
+                        d[method]["x_lookaheadkv"] = (
+                            d[method]["eviction_pct"] / d["lookaheadkv"]["eviction_pct"]
+                        )
+        elif which == "label" and ok(v["label_prompt"], v["generate+forward"]):
+            d["ratio"] = v["label_prompt"]["median_s"] / v["generate+forward"]["median_s"]
+        elif which == "decode" and ok(v["full"], v["compressed"]):
+            steps = settings.decode_tokens
+            d["full_s_per_token"] = v["full"]["median_s"] / steps
+            d["compressed_s_per_token"] = v["compressed"]["median_s"] / steps
+            d["speedup"] = d["full_s_per_token"] / d["compressed_s_per_token"]
+            d["kv_bytes_ratio"] = v["compressed"]["kv_bytes"] / v["full"]["kv_bytes"]
+            d["budget_over_length"] = settings.budget / length
+        derived[length] = d
+    if which == "label":
+        for variant in ("label_prompt", "generate+forward"):
+            points = [(n, v[variant]["peak_bytes"]) for n, v in lengths.items() if "peak_bytes" in v[variant]]
+            if len(points) >= 2:
+                derived[f"{variant}_peak_vs_length"] = linear_fit(*zip(*points, strict=True))
+    return derived
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "—" if value is None else f"{value / scale:.{digits}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def markdown(which: str, result: dict[str, Any]) -> str:
+    """A table of one sub-benchmark's result (the ``benchmarks[which]`` part of the JSON)."""
+    rows: list[list[str]] = []
+    lengths, derived = result["lengths"], result["derived"]
+
+    def get(length: str, variant: str, key: str) -> float | None:
+        return lengths[length].get(variant, {}).get(key)
+
+    def peak(length: str, variant: str) -> str:
+        return _fmt(get(length, variant, "peak_bytes"), MIB, 0)
+
+    for length in lengths:
+        d = derived[length]
+        if which == "train-step":
+            head = [
+                "S",
+                "two-phase s/step",
+                "naive s/step",
+                "speed-up",
+                "two-phase peak MiB",
+                "naive peak MiB",
+                "memory ratio",
+                "naive-eager s/step",
+                "speed-up (eager)",
+                "naive-eager peak MiB",
+                "memory ratio (eager)",
+            ]
+            rows.append(
+                [
+                    length,
+                    _fmt(get(length, "two-phase", "median_s")),
+                    _fmt(get(length, "naive", "median_s")),
+                    _ratio(d.get("speedup")),
+                    peak(length, "two-phase"),
+                    peak(length, "naive"),
+                    _ratio(d.get("memory_ratio")),
+                    _fmt(get(length, "naive-eager", "median_s")),
+                    _ratio(d.get("speedup_eager")),
+                    peak(length, "naive-eager"),
+                    _ratio(d.get("memory_ratio_eager")),
+                ]
+            )
+        elif which == "ttft":
+            head = [
+                "S",
+                "method",
+                "TTFT s",
+                "eviction s",
+                "eviction %",
+                "overhead ms",
+                "overhead %",
+                "eviction × LookaheadKV",
+            ]
+            rows.append(
+                [length, "plain prefill", _fmt(get(length, "prefill", "median_s")), "", "", "", "", ""]
+            )
+            for method in result["settings"]["methods"]:
+                m = d.get(method, {})
+                note = f" (floor M/S = {m['floor_pct']:.2f} %)" if "floor_pct" in m else ""
+                rows.append(
+                    [
+                        length,
+                        method + note,
+                        _fmt(get(length, method, "median_s")),
+                        _fmt(get(length, method, "median_eviction_s")),
+                        _fmt(m.get("eviction_pct"), digits=2),
+                        _fmt(m.get("overhead_s"), 1e-3, 1),
+                        _fmt(m.get("overhead_pct"), digits=2),
+                        _fmt(m.get("x_lookaheadkv"), digits=1),
+                    ]
+                )
+        elif which == "label":
+            head = [
+                "S",
+                "label_prompt s",
+                "generate + forward s",
+                "ratio",
+                "label_prompt peak MiB",
+                "baseline peak MiB",
+            ]
+            rows.append(
+                [
+                    length,
+                    _fmt(get(length, "label_prompt", "median_s")),
+                    _fmt(get(length, "generate+forward", "median_s")),
+                    _fmt(d.get("ratio"), digits=3),
+                    peak(length, "label_prompt"),
+                    peak(length, "generate+forward"),
+                ]
+            )
+        else:
+            head = [
+                "S",
+                "full ms/token",
+                "compressed ms/token",
+                "speed-up",
+                "full KV MiB",
+                "kept KV MiB",
+                "kept/full",
+                "budget/S",
+            ]
+            rows.append(
+                [
+                    length,
+                    _fmt(d.get("full_s_per_token"), 1e-3, 2),
+                    _fmt(d.get("compressed_s_per_token"), 1e-3, 2),
+                    _ratio(d.get("speedup")),
+                    _fmt(get(length, "full", "kv_bytes"), MIB, 2),
+                    _fmt(get(length, "compressed", "kv_bytes"), MIB, 2),
+                    _fmt(d.get("kv_bytes_ratio"), digits=4),
+                    _fmt(d.get("budget_over_length"), digits=4),
+                ]
+            )
+    for length in lengths:
+        for variant, entry in lengths[length].items():
+            if "error" in entry:
+                rows.append([length, f"{variant}: {entry['error']}"] + [""] * (len(head) - 2))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    for key, fit in derived.items():
+        if key.endswith("_peak_vs_length"):
+            sign = "+" if fit["intercept"] >= 0 else "−"
+            lines.append(
+                f"\n{key.removesuffix('_peak_vs_length')} peak memory ≈ {fit['slope'] / 1024:.1f} KiB/token × S "
+                f"{sign} {abs(fit['intercept']) / MIB:.0f} MiB (largest deviation from the line "
+                f"{100 * fit['max_rel_residual']:.1f} %)"
+            )
+    return "\n".join(lines)
+
+
+def environment(threads: int, device: torch.device) -> dict[str, Any]:
+    """Machine and software facts recorded with every result."""
+    import transformers
+
+    info: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["lkv", *sys.argv[1:]]) if sys.argv[0].endswith("lkv") else " ".join(sys.argv),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "threads": threads,
+        "cpu_count": os.cpu_count(),
+        "load_average_start": os.getloadavg(),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        cpuinfo = Path("/proc/cpuinfo")
+        names = (
+            [
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ]
+            if cpuinfo.is_file()
+            else []
+        )
+        info["cpu"] = names[0] if names else platform.processor()
+    return info
+
+
+def bench(
+    which: str | list[str] = "all",
+    lengths: list[int] | dict[str, list[int]] | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    model: str = "smollm2-135m",
+    dtype: str = "float32",
+    device: str | None = None,
+    attn_implementation: str = "sdpa",
+    threads: int | None = None,
+    memory: bool = True,
+    methods: list[str] | None = None,
+    budget: int = 256,
+    window: int = 32,
+    num_lookahead: int = 32,
+    lora_rank: int = 8,
+    draft_tokens: int = 8,
+    draft_layers: int | None = None,
+    response_tokens: int = 64,
+    decode_tokens: int = 32,
+    eager_max_length: int = 2048,
+    seed: int = 0,
+    json_out: str | None = None,
+) -> None:
+    """Side-by-side speed and memory benchmarks; prints one Markdown table per sub-benchmark.
+
+    Args:
+        which: ``train-step``, ``ttft``, ``label``, ``decode``, a list of them, or ``all``.
+        lengths: prompt lengths in tokens, for every selected sub-benchmark, or per sub-benchmark as
+            ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K.
+        repeats: measured repetitions per variant (medians are reported).
+        warmup: unmeasured rounds before them.
+        model: ``smollm2-135m`` (default), a local folder or ``.gguf`` file, a hub id, or
+            ``random:<architecture>`` (a randomly initialised model, e.g. ``random:llama-3.1-8b``; see
+            ``lkv.perf.models.ARCHITECTURES``).
+        dtype: ``float32`` (CPU) or ``bfloat16``/``float16`` (GPU).
+        device: ``cpu`` (default) or ``cuda``.
+        attn_implementation: attention of the model (``sdpa``, ``eager``, ``flash_attention_2``).
+        threads: ``torch.set_num_threads`` for every variant and memory subprocess (default: torch's).
+        memory: also measure peak memory (train-step and label).
+        methods: ttft methods besides the plain prefill (default: snapkv, lookaheadkv, laq, speckv).
+        budget: KV entries kept per head (ttft, decode; LAQ's draft cache too).
+        window: observation window of SnapKV, LAQ and SpecKV.
+        num_lookahead: LookaheadKV's M (train-step, ttft).
+        lora_rank: LookaheadKV's LoRA rank.
+        draft_tokens: pseudo-response tokens of LAQ and SpecKV.
+        draft_layers: layers of SpecKV's self-speculative draft (default: a quarter of the model's).
+        response_tokens: R, the response length of the label benchmark.
+        decode_tokens: tokens decoded per run of the decode benchmark.
+        eager_max_length: longest prompt at which train-step also runs ``naive-eager``, whose attention maps
+            kept for backward grow as S² (SmolLM2 in fp32: 14 GiB measured at 2K, ≈ 51 GiB at 4K).
+        seed: seed of prompts, labels and module initialisation.
+        json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
+    """
+    selected = list(BENCHMARKS) if which == "all" else [which] if isinstance(which, str) else list(which)
+    settings = BenchSettings(
+        model=model,
+        dtype=dtype,
+        device=device,
+        attn_implementation=attn_implementation,
+        methods=list(methods) if methods is not None else BenchSettings().methods,
+        budget=budget,
+        window=window,
+        num_lookahead=num_lookahead,
+        lora_rank=lora_rank,
+        draft_tokens=draft_tokens,
+        draft_layers=draft_layers,
+        response_tokens=response_tokens,
+        decode_tokens=decode_tokens,
+        eager_max_length=eager_max_length,
+        seed=seed,
+    )
+    results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)
+    if json_out is not None:
+        path = Path(json_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2))
+        print(f"\nwrote {path}")
+
+
+def run_benchmarks(
+    selected: list[str],
+    settings: BenchSettings,
+    lengths: list[int] | dict[str, list[int]] | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    threads: int | None = None,
+    memory: bool = True,
+) -> dict[str, Any]:
+    """Run the ``selected`` sub-benchmarks (see :func:`bench`), print their tables, return all results."""
+    unknown = [name for name in selected if name not in BENCHMARKS]
+    if unknown:
+        raise ValueError(
+            f"--which: unknown sub-benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)} or all"
+        )
+    if isinstance(lengths, dict):
+        extra = sorted(set(lengths) - set(selected))
+        if extra:
+            raise ValueError(f"--lengths names sub-benchmarks {extra} that --which does not select")
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    torch.manual_seed(settings.seed)
+    workbench = Workbench(settings)
+    results: dict[str, Any] = {"environment": environment(threads, workbench.device), "benchmarks": {}}
+    for name in selected:
+        if isinstance(lengths, dict):
+            sizes = lengths.get(name, DEFAULT_LENGTHS[name])
+        else:
+            sizes = lengths or DEFAULT_LENGTHS[name]
+        measured = {
+            str(n): _measure_length(workbench, name, n, repeats, warmup, memory, threads)
+            for n in sorted(sizes)
+        }
+        derived = derive(name, settings, {int(n): m for n, m in measured.items()})
+        result = {
+            "settings": asdict(settings),
+            "repeats": repeats,
+            "warmup": warmup,
+            "lengths": measured,
+            "derived": {str(k): v for k, v in derived.items()},
+        }
+        results["benchmarks"][name] = result
+        print(f"\n## {name} ({settings.model}, {settings.dtype}, {workbench.device}, {threads} threads)\n")
+        print(markdown(name, result), flush=True)
+    results["environment"]["load_average_end"] = os.getloadavg()
+    return results

@@ -1,0 +1,1 @@
+"""Stage 4, training: the LightningModule, the label DataModule, callbacks, LightningCLI wiring and export."""

@@ -1,0 +1,146 @@
+"""`lkv fit|validate|test`: LightningCLI over :class:`LookaheadKVModule` and :class:`LabelDataModule`.
+
+Configs have a ``model:`` (the module's arguments), a ``data:`` (the label folders) and a ``trainer:``
+section; ``lkv fit --config configs/smollm2_135m.yaml --print_config`` shows every setting without
+loading any weights. TensorBoard is the default logger.
+
+``lkv fit --config X.yaml --ckpt_path last`` is one command for a first run and for every restart after
+an interruption: with no checkpoint yet it starts from scratch, otherwise it resumes from ``last.ckpt`` at
+its global step. Before anything is written, ``fit`` refuses to resume from a checkpoint made with other
+model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a checkpoint folder that
+already holds checkpoints, so an earlier run is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+from lkv.train.datamodule import LabelDataModule
+from lkv.train.module import LookaheadKVModule
+
+# Data settings that may change between a run and its resumption: they do not change the samples.
+RESUMABLE_DATA_CHANGES = ("num_workers",)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a hidden file beside its final path, then renames it into place.
+
+    Lightning's own write goes through a temporary file in the system temp folder; when that is another
+    file system than the checkpoint folder (local ``/tmp``, shared checkpoints), the final step is a copy
+    that a kill can cut short, leaving a truncated ``last.ckpt`` in place of the previous one. A rename
+    within one folder is atomic. URLs (``s3://`` ...) keep Lightning's write.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
+    ) -> None:
+        if "://" in str(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(checkpoint, tmp)
+        os.replace(tmp, path)
+
+
+class LookaheadCLI(LightningCLI):
+    """LightningCLI whose ``fit`` never overwrites or silently continues another run's checkpoints."""
+
+    def before_fit(self) -> None:
+        folders = [
+            Path(callback.dirpath)
+            for callback in self.trainer.checkpoint_callbacks
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath
+        ]
+        ckpt_path = self.config_init["fit"].get("ckpt_path")
+        # Under SLURM, Lightning itself resumes from the `hpc_ckpt_N.ckpt` it saved on the requeue signal.
+        hpc = (
+            sorted(Path(self.trainer.default_root_dir).glob("hpc_ckpt_*.ckpt"))
+            if SLURMEnvironment.detect()
+            else []
+        )
+        if ckpt_path is None and not hpc:
+            for folder in folders:
+                found = sorted(p.name for p in folder.glob("*.ckpt"))
+                if found:
+                    raise ValueError(
+                        f"ModelCheckpoint dirpath {folder}: expected an empty folder for a fresh run, found "
+                        f"checkpoints of an earlier run ({', '.join(found[:3])}); resume it with --ckpt_path "
+                        "last, or point the ModelCheckpoint dirpath elsewhere"
+                    )
+            return
+        last = [
+            folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+            for folder in folders
+        ]
+        candidates = {None: hpc, "hpc": hpc, "last": last}.get(ckpt_path, [Path(str(ckpt_path))])
+        for path in candidates:
+            if path.is_file():
+                self._check_same_run(path)
+
+    def _check_same_run(self, path: Path) -> None:
+        """Refuse to resume from ``path`` when it was written with other module or data settings."""
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        diffs = _differences(checkpoint.get("hyper_parameters", {}), self.model.hparams, "model.")
+        if self.datamodule is not None and "datamodule_hyper_parameters" in checkpoint:
+            saved, current = dict(checkpoint["datamodule_hyper_parameters"]), dict(self.datamodule.hparams)
+            for key in RESUMABLE_DATA_CHANGES:
+                saved.pop(key, None)
+                current.pop(key, None)
+            diffs += _differences(saved, current, "data.")
+        if diffs:
+            raise ValueError(
+                f"checkpoint {path} belongs to a different run: resuming needs the settings it was written "
+                f"with; differences (checkpoint vs this run): {'; '.join(diffs)}. For a new run, point the "
+                "ModelCheckpoint dirpath elsewhere"
+            )
+
+
+def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str) -> list[str]:
+    """``'prefix.key: saved vs current'`` for every key whose values differ (a tuple equals a list)."""
+
+    def canonical(value: Any) -> str:
+        return json.dumps(value, sort_keys=True, default=str)
+
+    return [
+        f"{prefix}{key}: {saved.get(key)!r} vs {current.get(key)!r}"
+        for key in sorted(set(saved) | set(current))
+        if canonical(saved.get(key)) != canonical(current.get(key))
+    ]
+
+
+def lightning_main(args: list[str]) -> None:
+    """Run LightningCLI with ``args`` (``["fit", "--config", "configs/X.yaml", ...]``)."""
+    # The frozen LLM stays in eval mode by design while the adapter trains.
+    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+    # `lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds.
+    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
+    # torchdata 0.11's StatefulDataLoader calls a torch API that newer torch flags on every epoch.
+    warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated")
+    LookaheadCLI(
+        LookaheadKVModule,
+        LabelDataModule,
+        args=args,
+        seed_everything_default=0,
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": "runs"},
+            },
+            # a config that sets `trainer.plugins` replaces this: list AtomicCheckpointIO there too
+            "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},
+        },
+    )

@@ -1,0 +1,224 @@
+"""The LookaheadKV LightningModule: frozen LLM + lookahead module, two-phase training step, ranking metrics.
+
+Per sample (DESIGN §1, "Efficient training step"):
+
+1. prefill the prompt with the adapter off under ``no_grad`` (LM head on the last position only);
+2. ground truth: the label's stored scores, or — for a responses-only label folder — the response
+   teacher-forced on that same cache (:func:`lkv.labels.labeller.response_importance`, crops back);
+3. :meth:`LookaheadAdapter.predict`: the ``M`` lookahead tokens with the adapter on and grad;
+4. loss = mean over (layer, KV head) of KL(s_GT ‖ s_LKV); backward runs through the ``M`` tokens only.
+
+Validation adds SnapKV's scores from an observation-window capture taken during the same prefill, and
+logs ``val/kl``, ``val/recall@C``, ``val/kendall_tau``, ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau``.
+Checkpoints hold only the trainable weights (and optimiser state); the frozen LLM is reloaded by
+:meth:`configure_model`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from transformers.optimization import (
+    get_constant_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
+
+from lkv.core.attention import ImportanceCapture
+from lkv.core.generation import prefill
+from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.labels.labeller import response_importance
+from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
+from lkv.model.lookahead import LookaheadAdapter
+from lkv.train.datamodule import Sample
+
+
+class LookaheadKVModule(L.LightningModule):
+    """Trains ``M`` lookahead embeddings and a LoRA adapter to predict a frozen LLM's future attention.
+
+    Args:
+        model: base LLM: embedded short name (``smollm2-135m``), local folder, ``.gguf`` file or hub id.
+        dtype: weights dtype of the frozen LLM (``float32`` on CPU, ``bfloat16`` on GPU).
+        attn_implementation: attention of the frozen LLM (``sdpa``, ``eager``, ``flash_attention_2``).
+        num_lookahead: ``M``, lookahead embeddings (paper: 32).
+        lookahead_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (see :func:`lkv.model.lookahead.init_embeddings`).
+        lora_rank, lora_alpha, lora_dropout: LoRA settings (paper: 8, 32, 0).
+        lora_targets: ``all-linear`` (q,k,v,o,gate,up,down), a list of module names, or ``none`` to train
+            the embeddings alone.
+        lr: peak learning rate.
+        betas: Adam betas (paper: 0.9, 0.95).
+        weight_decay: decoupled weight decay (0 = plain Adam).
+        warmup_steps: optimiser steps of linear warm-up from 0.
+        scheduler: ``cosine`` (decay to ``min_lr_ratio · lr`` at the last step) or ``constant``.
+        min_lr_ratio: final learning rate of the cosine schedule, as a fraction of ``lr``.
+        eval_budgets: budgets C of the validation Recall@C.
+        snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
+        seed: seed of the embedding and LoRA initialisation.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        dtype: str = "float32",
+        attn_implementation: str = "sdpa",
+        num_lookahead: int = 32,
+        lookahead_init: Literal["vocab_mean", "random_tokens", "normal"] = "vocab_mean",
+        lora_rank: int = 8,
+        lora_alpha: int = 32,
+        lora_dropout: float = 0.0,
+        lora_targets: list[str] | str = "all-linear",
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        scheduler: Literal["cosine", "constant"] = "cosine",
+        min_lr_ratio: float = 0.1,
+        eval_budgets: tuple[int, ...] = (32, 64, 128),
+        snapkv_window: int = 32,
+        snapkv_kernel: int = 7,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not eval_budgets or min(eval_budgets) <= 0:
+            raise ValueError(
+                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
+            )
+        self.save_hyperparameters()
+        # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
+        self.strict_loading = False
+        self.adapter: LookaheadAdapter | None = None
+        self.tokenizer = None
+        self.signature: ModelSignature | None = None
+        budgets = list(eval_budgets)
+        self.val_metrics = ranking_metrics(budgets, "val/")
+        self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
+        self.test_metrics = ranking_metrics(budgets, "test/")
+        self.test_snapkv = ranking_metrics(budgets, "test/snapkv_", kl=False)
+
+    def configure_model(self) -> None:
+        """Load the frozen LLM, check it against the label folders, and attach the lookahead module."""
+        if self.adapter is not None:
+            return
+        hp = self.hparams
+        device = self._trainer.strategy.root_device if self._trainer is not None else None
+        backbone, self.tokenizer = load_backbone(
+            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
+        )
+        self.signature = model_signature(backbone, self.tokenizer, hp.model)
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if hasattr(datamodule, "check_model"):
+            datamodule.check_model(self.signature)
+        self.adapter = LookaheadAdapter.create(
+            backbone,
+            num_tokens=hp.num_lookahead,
+            lora_rank=hp.lora_rank,
+            lora_alpha=hp.lora_alpha,
+            lora_dropout=hp.lora_dropout,
+            target_modules=hp.lora_targets,
+            init=hp.lookahead_init,
+            seed=hp.seed,
+        )
+        self.adapter.config.base_model = self.signature.to_dict()
+
+    def importance(self, sample: Sample, snapkv: bool = False) -> dict[str, torch.Tensor]:
+        """Predicted and true importance of one sample, sharing one prefill.
+
+        Returns:
+            ``pred`` and ``target`` ``(layers, kv_heads, S)``; with ``snapkv``, also ``snapkv_window``, the
+            normalised attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``.
+        """
+        ids = sample["prompt_ids"][None]
+        prompt_len = ids.shape[1]
+        model = self.adapter.model
+        capture = ImportanceCapture(prompt_len, last_queries=self.hparams.snapkv_window) if snapkv else None
+        cache, _ = prefill(model, ids, **({"lkv_capture": capture} if snapkv else {}))
+        target = sample["scores"]
+        if target is None:
+            target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
+        out = {"target": target.float(), "pred": self.adapter.predict(cache, prompt_len)[0]}
+        if snapkv:
+            out["snapkv_window"] = capture.scores(model.config.num_hidden_layers)[0]
+        return out
+
+    def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor:
+        losses = []
+        for sample in batch:
+            scores = self.importance(sample)
+            losses.append(importance_kl(scores["target"], scores["pred"]).mean())
+        loss = torch.stack(losses).mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        self.log(
+            "train/prompt_tokens", float(sum(s["prompt_ids"].numel() for s in batch)), batch_size=len(batch)
+        )
+        return loss
+
+    def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics) -> dict[str, Any]:
+        hp = self.hparams
+        for sample in batch:
+            scores = self.importance(sample, snapkv=True)
+            metrics.update(scores["pred"], scores["target"])
+            snap = snapkv_scores(scores["snapkv_window"], hp.snapkv_window, hp.snapkv_kernel)
+            snapkv_metrics.update(snap, scores["target"])
+        self.log_dict(metrics, batch_size=len(batch))
+        self.log_dict(snapkv_metrics, batch_size=len(batch))
+        # The last sample's scores, for callbacks that plot them.
+        return {"id": batch[-1]["id"], **scores}
+
+    def validation_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, self.val_metrics, self.val_snapkv)
+
+    def test_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, self.test_metrics, self.test_snapkv)
+
+    def on_train_epoch_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        if hasattr(datamodule, "set_epoch"):
+            datamodule.set_epoch(self.current_epoch)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        params = list(self.adapter.trainable_parameters().values())
+        optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        if hp.scheduler == "cosine":
+            total = self.trainer.estimated_stepping_batches
+            if total == float("inf"):
+                raise ValueError(
+                    "the cosine schedule needs a known length: set trainer.max_steps (a streamed label set "
+                    "has no length), or use model.scheduler=constant"
+                )
+            total = int(total)
+            schedule = get_cosine_with_min_lr_schedule_with_warmup(
+                optimizer, hp.warmup_steps, max(total, hp.warmup_steps + 1), min_lr_rate=hp.min_lr_ratio
+            )
+        elif hp.scheduler == "constant":
+            schedule = get_constant_schedule_with_warmup(optimizer, hp.warmup_steps)
+        else:
+            raise ValueError(f"scheduler must be 'cosine' or 'constant', got {hp.scheduler!r}")
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def trainable_state_names(self) -> set[str]:
+        """State-dict keys of the trainable weights (lookahead embeddings + LoRA)."""
+        return {f"adapter.{name}" for name in self.adapter.trainable_parameters()}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        keep = self.trainable_state_names()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # `load_from_checkpoint` calls this before `load_state_dict`: build the model the weights belong to.
+        self.configure_model()
+        expected = self.trainable_state_names()
+        found = set(checkpoint["state_dict"])
+        missing, unexpected = sorted(expected - found), sorted(found - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match this lookahead module ({self.hparams.model}, "
+                f"lora_targets={self.hparams.lora_targets}): {len(missing)} trainable weights missing "
+                f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
+            )
+        # The frozen weights are the ones just loaded: hand them back (by reference) so loading matches the
+        # whole state dict instead of reporting every frozen tensor as missing.
+        frozen = {k: v for k, v in self.state_dict().items() if k not in expected}
+        checkpoint["state_dict"] = {**frozen, **checkpoint["state_dict"]}
