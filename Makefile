@@ -1,5 +1,6 @@
 # Every target builds its own virtual environment from a bare Python on first use.
 #   make test   — all tests (tiny random models + `slow` ones on the embedded SmolLM2)
+#   make lint   — ruff + the import layers (lint-imports)
 #   make demo   — the main job on the embedded default (label → fit → eval) on CPU
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,9 +27,11 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q
 
+# style, then the stage layers of pyproject's import-linter contracts (docs/design.md)
 lint: install
 	$(BIN)/ruff check lkv tests scripts
 	$(BIN)/ruff format --check lkv tests scripts
+	$(BIN)/lint-imports
 
 demo: install
 	$(BIN)/lkv demo --config configs/demo/smollm2_135m.yaml

@@ -22,13 +22,16 @@ INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErr
 
 # verb -> ("module:function", one-line help)
 VERBS: dict[str, tuple[str, str]] = {
-    "assets": ("lkv.model.assets:fetch_all", "fetch and convert the embedded default model and essays"),
+    "assets": ("lkv.commands.assets:assets", "fetch and convert the embedded default model and essays"),
     "label": ("lkv.labels.predict:label", "generate responses and ground-truth importance label shards"),
-    "export": ("lkv.train.export:export", "write a trained lookahead module as a standalone adapter folder"),
-    "generate": ("lkv.eviction.compressor:generate_command", "compress a prompt's KV cache and generate"),
-    "eval": ("lkv.eval.runner:evaluate", "methods × budgets × tasks evaluation with reports"),
+    "export": (
+        "lkv.commands.export:export",
+        "write a trained lookahead module as a standalone adapter folder",
+    ),
+    "generate": ("lkv.commands.generate:generate", "compress a prompt's KV cache and generate"),
+    "eval": ("lkv.commands.eval:evaluate", "methods × budgets × tasks evaluation with reports"),
     "sweep": ("lkv.commands.sweep:sweep", "grid of fit (+eval) runs over config keys"),
-    "bench": ("lkv.perf.bench:bench", "side-by-side speed and memory benchmarks"),
+    "bench": ("lkv.commands.bench:bench", "side-by-side speed and memory benchmarks"),
     "demo": ("lkv.commands.demo:demo", "the embedded default end to end: label → fit → eval → report"),
 }
 

@@ -10,11 +10,12 @@ import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 import lkv.commands.demo
+import lkv.commands.eval
+import lkv.commands.export
 import lkv.eval.runner
 import lkv.labels.predict
 import lkv.model.assets
 import lkv.train.cli
-import lkv.train.export
 import lkv.train.module
 from lkv.cli import main as lkv_main
 from lkv.commands.demo import demo, eval_arguments, fit_config
@@ -46,7 +47,7 @@ def test_eval_config_parses_and_builds_its_tasks(path, capsys):
     assert printed["tasks"] and printed["methods"]
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile)
-    parser.add_function_arguments(lkv.eval.runner.evaluate)
+    parser.add_function_arguments(lkv.commands.eval.evaluate)
     built = parser.instantiate(parser.parse_args(["--config", str(path)]))
     assert all(isinstance(task, Benchmark) for task in built.tasks)
     assert len(built.tasks) == len(yaml.safe_load(path.read_text())["tasks"])
@@ -118,7 +119,7 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
         calls.append(f"export {Path(ckpt).name}")
         Path(output).mkdir(parents=True, exist_ok=True)
 
-    @functools.wraps(lkv.eval.runner.evaluate)  # the demo parses its suite with evaluate's signature
+    @functools.wraps(lkv.commands.eval.evaluate)  # the demo parses its suite with evaluate's signature
     def fake_evaluate(**arguments):
         calls.append("eval")
         row = {"task": "niah", "sample": "s", "method": "snapkv", "budget": "64", "setting": "aware"}
@@ -130,8 +131,8 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     monkeypatch.setattr(lkv.model.assets, "fetch_all", lambda: calls.append("assets"))
     monkeypatch.setattr(lkv.labels.predict, "label", fake_label)
     monkeypatch.setattr(lkv.train.cli, "lightning_main", fake_fit)
-    monkeypatch.setattr(lkv.train.export, "export", fake_export)
-    monkeypatch.setattr(lkv.eval.runner, "evaluate", fake_evaluate)
+    monkeypatch.setattr(lkv.commands.export, "export", fake_export)
+    monkeypatch.setattr(lkv.commands.eval, "evaluate", fake_evaluate)
     monkeypatch.setattr(
         lkv.commands.demo,
         "cache_length_section",

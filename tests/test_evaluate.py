@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+import lkv.commands.eval
 import lkv.eval.runner
 from lkv.core.generation import eos_ids
 from lkv.core.metrics import kendall_tau_b, topk_recall
@@ -204,12 +205,12 @@ def test_a_folder_of_another_run_is_refused(tmp_path):
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setattr(lkv.eval.runner, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
-    monkeypatch.setattr(lkv.eval.runner, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.commands.eval, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
-        lkv.eval.runner.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
+        lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
-        lkv.eval.runner.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
+        lkv.commands.eval.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
 
 
 @pytest.mark.slow

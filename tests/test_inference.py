@@ -7,16 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import lkv.model.backbone
+import lkv.commands.generate
+import lkv.eviction.compressor
 from lkv.cli import main as lkv_main
+from lkv.commands.generate import generate as generate_command
 from lkv.core.generation import prefill
-from lkv.eviction.compressor import (
-    Compressor,
-    append_tokens,
-    encode_context,
-    encode_question,
-    generate_command,
-)
+from lkv.eviction.compressor import Compressor, append_tokens, encode_context, encode_question
 from lkv.eviction.presses import make_press
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
 
@@ -158,7 +154,8 @@ def patched_backbone(monkeypatch, tiny_llama):
         calls.append(name)
         return model, tokenizer
 
-    monkeypatch.setattr(lkv.model.backbone, "load_backbone", fake_load)
+    for module in (lkv.commands.generate, lkv.eviction.compressor):  # the two places that load a model
+        monkeypatch.setattr(module, "load_backbone", fake_load)
     return calls
 
 
@@ -237,14 +234,23 @@ def test_embedded_model_finds_the_needle_with_full_cache():
 
 
 def test_lookahead_from_a_training_checkpoint(monkeypatch, make_tiny_model, tmp_path):
-    """``--adapter last.ckpt``: the checkpoint names its base model; its trained weights score the prompt."""
+    """``--adapter last.ckpt``: exported beside the checkpoint, the folder names its base model, and its
+    trained weights score the prompt."""
     import lightning
 
     import lkv.train.module
     from lkv.eviction.compressor import load_lookahead
+    from lkv.train.export import resolve_adapter
     from lkv.train.module import LookaheadKVModule
 
-    monkeypatch.setattr(lkv.train.module, "load_backbone", lambda model, **kw: make_tiny_model("llama"))
+    loaded = []
+
+    def load_tiny(model, **kw):
+        loaded.append(model)
+        return make_tiny_model("llama")
+
+    monkeypatch.setattr(lkv.train.module, "load_backbone", load_tiny)
+    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", load_tiny)
     module = LookaheadKVModule(model="tiny", num_lookahead=4, lora_rank=2)
     module.configure_model()
     generator = torch.Generator().manual_seed(0)
@@ -258,11 +264,16 @@ def test_lookahead_from_a_training_checkpoint(monkeypatch, make_tiny_model, tmp_
     module.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, tmp_path / "last.ckpt")
 
-    model, tokenizer, press = load_lookahead(tmp_path / "last.ckpt")
+    folder = resolve_adapter(tmp_path / "last.ckpt")
+    assert folder == tmp_path / "last-adapter"
+    model, tokenizer, press = load_lookahead(folder)
+    assert loaded[-1] == "tiny"  # the checkpoint's base model, named by the exported folder
     assert model is not module.adapter.model.get_base_model()
     ids = ids_of(model, 30)
     got = Compressor(model, tokenizer, press, budget=8).compress(ids).scores
     want = module.adapter.predict(prefill(module.adapter.model, ids)[0], 30)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
     with pytest.raises(FileNotFoundError, match="neither"):
-        load_lookahead(tmp_path / "missing")
+        resolve_adapter(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="not an `lkv export` folder"):
+        load_lookahead(tmp_path / "last.ckpt")

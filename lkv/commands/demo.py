@@ -90,7 +90,7 @@ def eval_arguments(
     """
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from lkv.eval.runner import evaluate
+    from lkv.commands.eval import evaluate
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile)
@@ -190,12 +190,13 @@ def demo(
         trace_budget: eviction budget of that generation.
         progress: show progress bars.
     """
+    from lkv.commands.eval import evaluate
+    from lkv.commands.export import export
     from lkv.eval.report import write_report
-    from lkv.eval.runner import RESULTS_FILE, RUN_FILE, ResultsFile, evaluate
+    from lkv.eval.runner import RESULTS_FILE, RUN_FILE, ResultsFile
     from lkv.labels.predict import label
     from lkv.model import assets
     from lkv.train.cli import lightning_main
-    from lkv.train.export import export
 
     out, label_root = Path(output), Path(labels)
     adapter = out / "adapter"

@@ -44,11 +44,16 @@ from typing import Any
 
 import torch
 import yaml
+from jsonargparse import auto_cli
 from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from lkv.commands.eval import evaluate
+from lkv.core.generation import prefill
 from lkv.eval.report import NO_BUDGET
+from lkv.eviction.compressor import load_lookahead
 from lkv.perf.timing import Case, time_interleaved
+from lkv.train.export import resolve_adapter
 
 RESULT_FILE = "result.json"
 EVAL_PREFIX = "eval."
@@ -165,10 +170,7 @@ def lookahead_overhead(
     The lookahead step is :meth:`LookaheadAdapter.predict` on the prompt's cache (``M`` tokens with the
     adapter on, capture of their attention rows, crop back); both run interleaved (medians of ``repeats``).
     """
-    from lkv.core.generation import prefill
-    from lkv.eviction.compressor import load_lookahead
-
-    model, _, press = load_lookahead(checkpoint, dtype=dtype, device=device)
+    model, _, press = load_lookahead(resolve_adapter(checkpoint), dtype=dtype, device=device)
     dev = next(model.parameters()).device
     ids = torch.randint(
         0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed)
@@ -221,8 +223,6 @@ def run_point(
     device: str | None,
 ) -> dict[str, Any]:
     """Fit (in a subprocess), time and optionally evaluate one grid point; write and return its result."""
-    from lkv.cli import main as lkv_main
-
     name = point_name(values)
     folder = output / "points" / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -252,12 +252,12 @@ def run_point(
         dtype = config["model"].get("dtype", "float32")
         result["cost"] = lookahead_overhead(last, overhead_tokens, overhead_repeats, dtype, device)
     if eval_config is not None:
-        args = ["eval", "--config", eval_config, "--adapter", str(last), "--output", str(folder / "eval")]
+        args = ["--config", eval_config, "--adapter", str(last), "--output", str(folder / "eval")]
         for key, value in values.items():
             if key.startswith(EVAL_PREFIX):
                 args += [f"--{key[len(EVAL_PREFIX) :]}", json.dumps(value)]
         args += ["--progress", "false"] + ([] if device is None else ["--device", device])
-        lkv_main(args)
+        auto_cli(evaluate, args=args, as_positional=False)
         result["metrics"].update(eval_scores(folder / "eval" / "summary.csv"))
     (folder / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result

@@ -7,7 +7,7 @@ TOVA's last query, H2O's every query; identical ones shared) rides on that one f
 scores the same cache, and each (method, budget) then only evicts a copy and decodes. The FullKV answer is
 decoded first: it is the FullKV result, the reference of fidelity tasks, and the source of the Oracle's
 scores — the attention its own answer tokens pay to the prompt (teacher-forced on the full cache, after the
-question in the question-agnostic setting), i.e. s_GT of DESIGN §1 for the answer actually given.
+question in the question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actually given.
 
 Settings (see :mod:`lkv.eval.tasks.base`): ``aware`` prefills context + question and compresses it all
 (the paper's protocol); ``agnostic`` compresses the context alone, then appends the question to the
@@ -38,14 +38,13 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import cache_bytes
 from lkv.core.generation import crop_to, prefill
-from lkv.eval.report import FULL, NO_BUDGET, write_report
+from lkv.eval.report import FULL, NO_BUDGET
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
-from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt, load_lookahead
-from lkv.eviction.decoding import make_method
-from lkv.eviction.presses import FullKVPress, OraclePress, Press, PressContext
-from lkv.model.backbone import load_backbone, model_signature
+from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
+from lkv.eviction.presses import FullKVPress, Press, PressContext
+from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
 Setting = Literal["aware", "agnostic"]
@@ -383,7 +382,7 @@ class Evaluator:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The verb
+# Resuming a run
 
 
 def fingerprint(path: str | Path) -> str:
@@ -412,81 +411,3 @@ def check_run(output: Path, info: dict[str, Any]) -> None:
         return
     output.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2, sort_keys=True))
-
-
-def evaluate(
-    tasks: list[Benchmark],
-    methods: tuple[str, ...] = DEFAULT_METHODS,
-    budgets: tuple[int | float, ...] = (64, 128),
-    settings: tuple[Setting, ...] = SETTINGS,
-    output: str = "reports/eval",
-    model: str = "smollm2-135m",
-    adapter: str | None = None,
-    press_args: dict[str, dict[str, Any]] | None = None,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    device: str | None = None,
-    progress: bool = True,
-    title: str | None = None,
-) -> str:
-    """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
-
-    Args:
-        tasks: benchmarks, e.g. ``[{class_path: lkv.eval.tasks.NeedleTask, init_args: {lengths: [1024]}}]``.
-        methods: eviction methods: fullkv, oracle, lookaheadkv, snapkv, pyramidkv, streamingllm, h2o, tova,
-            random, laq, speckv (once after prefill) and h2o-decode, scissorhands, quest (acting while
-            decoding; :mod:`lkv.eviction.decoding`).
-        budgets: KV entries kept per head: whole numbers of tokens (paper) or ratios of the prompt in (0, 1].
-        settings: ``aware`` (question inside the compressed prompt, as in the paper) and/or ``agnostic``
-            (context compressed before the question is appended).
-        output: result folder; rerunning the same command resumes it (finished rows are skipped).
-        model: embedded short name, local folder, ``.gguf`` file or hub id.
-        adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
-            checkpoint (``.ckpt``).
-        press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
-        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: ``sdpa`` (default) or ``eager``.
-        device: ``cpu``, ``cuda``, ... (default: CPU).
-        progress: show progress bars.
-        title: report title (default: the output folder's name).
-    """
-    methods = list(dict.fromkeys(m.lower() for m in methods))
-    if ("lookaheadkv" in methods) != (adapter is not None):
-        raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
-    press_args = dict(press_args or {})
-    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
-    if unused:
-        raise ValueError(
-            f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-            "FullKV answer) and lookaheadkv (settings come from its adapter) take settings"
-        )
-    out = Path(output)
-    check_run(
-        out,
-        {
-            "model": model,
-            "adapter": None if adapter is None else fingerprint(adapter),
-            "press_args": press_args,
-            "dtype": dtype,
-        },
-    )
-    if adapter is not None:
-        net, tokenizer, lookahead = load_lookahead(adapter, model, dtype, attn_implementation, device)
-    else:
-        net, tokenizer = load_backbone(
-            model, dtype=dtype, attn_implementation=attn_implementation, device=device
-        )
-    presses: dict[str, Press] = {}
-    for method in methods:
-        if method == "lookaheadkv":
-            presses[method] = lookahead
-        elif method == "oracle":
-            presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
-        else:
-            presses[method] = make_method(method, **press_args.get(method, {}))
-    start = time.perf_counter()
-    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress)
-    rows = evaluator.run(tasks)
-    seconds = time.perf_counter() - start
-    report = write_report(rows, out, title=title or out.name, methods=methods)
-    return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"

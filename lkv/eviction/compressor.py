@@ -20,7 +20,7 @@
     Compressor(model, tokenizer, "h2o-decode", budget=128)             # within 128 entries while generating
     Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
 
-The flow of one prompt (DESIGN §1): prefill (with the press's capture, if any) → ``press.score`` →
+The flow of one prompt (docs/design.md §1): prefill (with the press's capture, if any) → ``press.score`` →
 :func:`~lkv.eviction.presses.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
 to the budget) → decode with position ids continuing from the uncompressed prompt length. With a decode-time
 policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while the answer is generated.
@@ -29,7 +29,6 @@ policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while t
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +42,8 @@ from lkv.core.generation import CacheUpkeep, StopStrings, decode, eos_ids, make_
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress, make_method
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.model.backbone import DEFAULT_MODEL, load_backbone
+from lkv.model.lookahead import exported_base_model
 
 # Stands in for the user's text while the chat template is rendered, to split the template around it.
 _PLACEHOLDER = "\x00lkv-content\x00"
@@ -582,110 +583,20 @@ def load_lookahead(
     attn_implementation: str = "sdpa",
     device: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LookaheadKVPress]:
-    """``(base model, tokenizer, press)`` for a trained lookahead module.
+    """``(base model, tokenizer, press)`` for a trained lookahead module in an ``lkv export`` folder.
 
     Args:
-        adapter: an ``lkv export`` folder, or a ``.ckpt`` written by ``lkv fit``.
-        model: the base model; default: the checkpoint's own, or ``smollm2-135m`` for a folder.
+        adapter: an ``lkv export`` folder (:func:`lkv.train.export.resolve_adapter` turns an ``lkv fit``
+            checkpoint into one).
+        model: the base model; default: the one the folder was exported from, else ``smollm2-135m``.
     """
-    from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-
     path = Path(adapter)
-    if path.is_dir():
-        net, tokenizer = load_backbone(
-            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
-        )
-        return net, tokenizer, LookaheadKVPress.from_folder(path, net)
-    if not path.is_file():
-        raise FileNotFoundError(f"adapter {adapter!r}: neither an `lkv export` folder nor a checkpoint file")
-    from lkv.train.module import LookaheadKVModule
-
-    overrides = {"dtype": dtype, "attn_implementation": attn_implementation}
-    if model is not None:
-        overrides["model"] = model
-    module = LookaheadKVModule.load_from_checkpoint(path, map_location="cpu", weights_only=False, **overrides)
-    press = LookaheadKVPress(module.adapter)
-    if device is not None:
-        module.adapter.to(device)
-    return press.base_model, module.tokenizer, press
-
-
-def generate_command(
-    prompt: str | None = None,
-    prompt_file: str | None = None,
-    model: str | None = None,
-    method: str = "snapkv",
-    budget: int | float = 128,
-    question: str | None = None,
-    adapter: str | None = None,
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    seed: int | None = None,
-    stop: list[str] | None = None,
-    sink: int = 0,
-    recent: int = 0,
-    kernel: int = 1,
-    pooling: str = "max",
-    press_args: dict | None = None,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    device: str | None = None,
-) -> None:
-    """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
-
-    Args:
-        prompt: the prompt text (sent as one user message through the model's chat template).
-        prompt_file: read the prompt from this file instead.
-        model: embedded short name, local folder, ``.gguf`` file or hub id (default: ``smollm2-135m``, or
-            the base model named by an ``--adapter`` checkpoint).
-        method: eviction method: fullkv, streamingllm, snapkv, pyramidkv, h2o, tova, random, laq, speckv,
-            oracle, lookaheadkv; or a decode-time one: h2o-decode, scissorhands (the cache stays within the
-            budget while generating), quest (page selection per step; keeps the full cache).
-        budget: KV entries kept per head: a whole number of tokens (paper), or a ratio of the prompt in (0, 1].
-        question: question-agnostic mode: the prompt is the context, compressed before this question is
-            appended and answered.
-        adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
-            ``lkv fit`` checkpoint (``.ckpt``).
-        max_new_tokens: longest answer.
-        temperature: 0 = greedy; otherwise sampling temperature.
-        top_p: nucleus sampling mass (with temperature > 0).
-        seed: sampling seed.
-        stop: strings that end the answer (besides EOS).
-        sink: leading prompt tokens always kept.
-        recent: trailing prompt tokens always kept.
-        kernel: 1-D pooling kernel applied to the scores before selection (1 = none).
-        pooling: ``max`` or ``avg`` pooling.
-        press_args: the method's own settings, e.g. ``{"window": 16}`` for snapkv.
-        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: ``sdpa`` (default) or ``eager``.
-        device: ``cpu``, ``cuda``, ... (default: CPU).
-    """
-    from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-
-    if (prompt is None) == (prompt_file is None):
-        raise ValueError("give exactly one of --prompt and --prompt_file")
-    if prompt_file is not None:
-        path = Path(prompt_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--prompt_file {path}: no such file")
-        prompt = path.read_text()
-    if not prompt.strip():
-        raise ValueError("the prompt is empty")
-    check_budget(budget)
-    if (adapter is not None) != (method == "lookaheadkv"):
-        raise ValueError("--adapter is required by --method lookaheadkv and used by no other method")
-    if adapter is not None:
-        net, tokenizer, press = load_lookahead(adapter, model, dtype, attn_implementation, device)
-    else:
-        net, tokenizer = load_backbone(
-            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
-        )
-        press = make_method(method, **(press_args or {}))
-    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
-    out = compressor.generate(prompt, max_new_tokens, temperature, top_p, seed, stop or (), question=question)
-    print(out.text)
-    print(
-        f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",
-        file=sys.stderr,
+    if not path.is_dir():
+        raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
+    net, tokenizer = load_backbone(
+        model or exported_base_model(path) or DEFAULT_MODEL,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        device=device,
     )
+    return net, tokenizer, LookaheadKVPress.from_folder(path, net)

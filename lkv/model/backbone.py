@@ -18,13 +18,13 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GgufConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from lkv.core.attention import install_capture
 from lkv.model import assets
+from lkv.model.gguf import load_gguf
 
 DEFAULT_MODEL = "smollm2-135m"
 # short name → folder of the converted embedded asset, fetched on first use (looked up at call time, so a
@@ -88,27 +88,6 @@ def load_backbone(
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     install_capture(net)
-    return net, tokenizer
-
-
-def load_gguf(
-    path: Path, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A dense model and its tokenizer from a ``.gguf`` file, with no quantization state left.
-
-    ``GgufConfig(dequantize=True)`` unpacks every weight into a plain ``nn.Linear`` and has transformers
-    remove ``config.quantization_config`` and ``hf_quantizer`` itself, so the model saves like any other.
-    (Without it, transformers keeps a GGUF quantizer that refuses ``save_pretrained``, and where the
-    ``kernels`` package is installed it leaves weights packed in GGUF blocks.)
-    """
-    net = AutoModelForCausalLM.from_pretrained(
-        path.parent,
-        gguf_file=path.name,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        quantization_config=GgufConfig(dequantize=True),
-    )
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return net, tokenizer
 
 

@@ -3,7 +3,7 @@
 After a prompt's prefill (adapter off, so the cache is exactly the base model's), :meth:`LookaheadAdapter.predict`
 appends the ``M`` embeddings at positions ``S..S+M-1`` with the adapter on, reads their attention on the
 prompt keys through an :class:`~lkv.core.attention.ImportanceCapture`, then crops their K/V away and switches the
-adapter off again. Only the embeddings and the LoRA weights train; the LLM is frozen (DESIGN §1).
+adapter off again. Only the embeddings and the LoRA weights train; the LLM is frozen (docs/design.md §1).
 
 An exported folder (:meth:`LookaheadAdapter.save`) holds::
 
@@ -65,6 +65,17 @@ class LookaheadConfig:
     @property
     def uses_lora(self) -> bool:
         return _uses_lora(self.target_modules)
+
+
+def exported_base_model(folder: str | Path) -> str | None:
+    """The base model an ``lkv export`` folder was exported from (``extra["model"]``), if it says."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text()).get("extra", {}).get("model")
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: malformed lookahead config ({err})") from err
 
 
 def _uses_lora(target_modules: list[str] | str) -> bool:

@@ -30,7 +30,6 @@ stop early (no EOS), so every variant does the same amount of work.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import platform
 import sys
@@ -558,86 +557,6 @@ def environment(threads: int, device: torch.device) -> dict[str, Any]:
     return info
 
 
-def bench(
-    which: str | list[str] = "all",
-    lengths: list[int] | dict[str, list[int]] | None = None,
-    repeats: int = 3,
-    warmup: int = 1,
-    model: str = "smollm2-135m",
-    dtype: str = "float32",
-    device: str | None = None,
-    attn_implementation: str = "sdpa",
-    threads: int | None = None,
-    memory: bool = True,
-    methods: list[str] | None = None,
-    budget: int = 256,
-    window: int = 32,
-    num_lookahead: int = 32,
-    lora_rank: int = 8,
-    draft_tokens: int = 8,
-    draft_layers: int | None = None,
-    response_tokens: int = 64,
-    decode_tokens: int = 32,
-    eager_max_length: int = 2048,
-    seed: int = 0,
-    json_out: str | None = None,
-) -> None:
-    """Side-by-side speed and memory benchmarks; prints one Markdown table per sub-benchmark.
-
-    Args:
-        which: ``train-step``, ``ttft``, ``label``, ``decode``, a list of them, or ``all``.
-        lengths: prompt lengths in tokens, for every selected sub-benchmark, or per sub-benchmark as
-            ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K.
-        repeats: measured repetitions per variant (medians are reported).
-        warmup: unmeasured rounds before them.
-        model: ``smollm2-135m`` (default), a local folder or ``.gguf`` file, a hub id, or
-            ``random:<architecture>`` (a randomly initialised model, e.g. ``random:llama-3.1-8b``; see
-            ``lkv.perf.models.ARCHITECTURES``).
-        dtype: ``float32`` (CPU) or ``bfloat16``/``float16`` (GPU).
-        device: ``cpu`` (default) or ``cuda``.
-        attn_implementation: attention of the model (``sdpa``, ``eager``, ``flash_attention_2``).
-        threads: ``torch.set_num_threads`` for every variant and memory subprocess (default: torch's).
-        memory: also measure peak memory (train-step and label).
-        methods: ttft methods besides the plain prefill (default: snapkv, lookaheadkv, laq, speckv).
-        budget: KV entries kept per head (ttft, decode; LAQ's draft cache too).
-        window: observation window of SnapKV, LAQ and SpecKV.
-        num_lookahead: LookaheadKV's M (train-step, ttft).
-        lora_rank: LookaheadKV's LoRA rank.
-        draft_tokens: pseudo-response tokens of LAQ and SpecKV.
-        draft_layers: layers of SpecKV's self-speculative draft (default: a quarter of the model's).
-        response_tokens: R, the response length of the label benchmark.
-        decode_tokens: tokens decoded per run of the decode benchmark.
-        eager_max_length: longest prompt at which train-step also runs ``naive-eager``, whose attention maps
-            kept for backward grow as S² (SmolLM2 in fp32: 14 GiB measured at 2K, ≈ 51 GiB at 4K).
-        seed: seed of prompts, labels and module initialisation.
-        json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
-    """
-    selected = list(BENCHMARKS) if which == "all" else [which] if isinstance(which, str) else list(which)
-    settings = BenchSettings(
-        model=model,
-        dtype=dtype,
-        device=device,
-        attn_implementation=attn_implementation,
-        methods=list(methods) if methods is not None else BenchSettings().methods,
-        budget=budget,
-        window=window,
-        num_lookahead=num_lookahead,
-        lora_rank=lora_rank,
-        draft_tokens=draft_tokens,
-        draft_layers=draft_layers,
-        response_tokens=response_tokens,
-        decode_tokens=decode_tokens,
-        eager_max_length=eager_max_length,
-        seed=seed,
-    )
-    results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)
-    if json_out is not None:
-        path = Path(json_out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2))
-        print(f"\nwrote {path}")
-
-
 def run_benchmarks(
     selected: list[str],
     settings: BenchSettings,
@@ -647,7 +566,7 @@ def run_benchmarks(
     threads: int | None = None,
     memory: bool = True,
 ) -> dict[str, Any]:
-    """Run the ``selected`` sub-benchmarks (see :func:`bench`), print their tables, return all results."""
+    """Run the ``selected`` sub-benchmarks (see :func:`lkv.commands.bench.bench`), print their tables, return all results."""
     unknown = [name for name in selected if name not in BENCHMARKS]
     if unknown:
         raise ValueError(

@@ -1,6 +1,6 @@
 """The LookaheadKV LightningModule: frozen LLM + lookahead module, two-phase training step, ranking metrics.
 
-Per sample (DESIGN §1, "Efficient training step"):
+Per sample (docs/design.md §1, "Two-phase training step"):
 
 1. prefill the prompt with the adapter off under ``no_grad`` (LM head on the last position only);
 2. ground truth: the label's stored scores, or — for a responses-only label folder — the response
@@ -27,9 +27,9 @@ from transformers.optimization import (
 
 from lkv.core.attention import ImportanceCapture
 from lkv.core.generation import prefill
+from lkv.core.importance import response_importance
 from lkv.core.metrics import importance_kl, ranking_metrics
 from lkv.eviction.presses.snapkv import snapkv_scores
-from lkv.labels.labeller import response_importance
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.datamodule import Sample

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from lkv.core.generation import crop_to, decode
+from lkv.core.importance import response_importance
 from lkv.eviction.presses.base import Press, PressContext
-from lkv.labels.labeller import response_importance
 
 
 class OraclePress(Press):

@@ -1,0 +1,19 @@
+"""`lkv export`: a training checkpoint → a standalone adapter folder."""
+
+from __future__ import annotations
+
+from lkv.train.export import export_checkpoint
+
+
+def export(ckpt: str, output: str, model: str | None = None, dtype: str | None = None) -> str:
+    """Write a trained lookahead module (peft adapter files + embeddings + ``lookahead.json``) to a folder.
+
+    Args:
+        ckpt: a checkpoint written by `lkv fit` (e.g. ``runs/smollm2_135m/checkpoints/last.ckpt``).
+        output: folder to write (created; existing adapter files are overwritten).
+        model: load the base model from here instead of the checkpoint's ``model`` (e.g. a local copy of
+            the same hub model); it must be the same model.
+        dtype: base model dtype while exporting (default: the checkpoint's); does not change the saved
+            weights' dtype (``bfloat16`` keeps an 8B model within 16 GB of CPU memory).
+    """
+    return export_checkpoint(ckpt, output, model=model, dtype=dtype)

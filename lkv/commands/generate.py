@@ -1,0 +1,92 @@
+"""`lkv generate`: compress one prompt's KV cache with any method and budget, then generate."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lkv.eviction.compressor import Compressor, load_lookahead
+from lkv.eviction.decoding import make_method
+from lkv.eviction.presses.selector import check_budget
+from lkv.model.backbone import DEFAULT_MODEL, load_backbone
+from lkv.train.export import resolve_adapter
+
+
+def generate(
+    prompt: str | None = None,
+    prompt_file: str | None = None,
+    model: str | None = None,
+    method: str = "snapkv",
+    budget: int | float = 128,
+    question: str | None = None,
+    adapter: str | None = None,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: list[str] | None = None,
+    sink: int = 0,
+    recent: int = 0,
+    kernel: int = 1,
+    pooling: str = "max",
+    press_args: dict | None = None,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    device: str | None = None,
+) -> None:
+    """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
+
+    Args:
+        prompt: the prompt text (sent as one user message through the model's chat template).
+        prompt_file: read the prompt from this file instead.
+        model: embedded short name, local folder, ``.gguf`` file or hub id (default: ``smollm2-135m``, or
+            the base model named by an ``--adapter`` checkpoint).
+        method: eviction method: fullkv, streamingllm, snapkv, pyramidkv, h2o, tova, random, laq, speckv,
+            oracle, lookaheadkv; or a decode-time one: h2o-decode, scissorhands (the cache stays within the
+            budget while generating), quest (page selection per step; keeps the full cache).
+        budget: KV entries kept per head: a whole number of tokens (paper), or a ratio of the prompt in (0, 1].
+        question: question-agnostic mode: the prompt is the context, compressed before this question is
+            appended and answered.
+        adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
+            ``lkv fit`` checkpoint (``.ckpt``).
+        max_new_tokens: longest answer.
+        temperature: 0 = greedy; otherwise sampling temperature.
+        top_p: nucleus sampling mass (with temperature > 0).
+        seed: sampling seed.
+        stop: strings that end the answer (besides EOS).
+        sink: leading prompt tokens always kept.
+        recent: trailing prompt tokens always kept.
+        kernel: 1-D pooling kernel applied to the scores before selection (1 = none).
+        pooling: ``max`` or ``avg`` pooling.
+        press_args: the method's own settings, e.g. ``{"window": 16}`` for snapkv.
+        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
+        attn_implementation: ``sdpa`` (default) or ``eager``.
+        device: ``cpu``, ``cuda``, ... (default: CPU).
+    """
+    if (prompt is None) == (prompt_file is None):
+        raise ValueError("give exactly one of --prompt and --prompt_file")
+    if prompt_file is not None:
+        path = Path(prompt_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--prompt_file {path}: no such file")
+        prompt = path.read_text()
+    if not prompt.strip():
+        raise ValueError("the prompt is empty")
+    check_budget(budget)
+    if (adapter is not None) != (method == "lookaheadkv"):
+        raise ValueError("--adapter is required by --method lookaheadkv and used by no other method")
+    if adapter is not None:
+        folder = resolve_adapter(adapter, model)
+        net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
+    else:
+        net, tokenizer = load_backbone(
+            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
+        )
+        press = make_method(method, **(press_args or {}))
+    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
+    out = compressor.generate(prompt, max_new_tokens, temperature, top_p, seed, stop or (), question=question)
+    print(out.text)
+    print(
+        f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",
+        file=sys.stderr,
+    )

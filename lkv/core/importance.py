@@ -1,0 +1,31 @@
+"""Ground-truth importance s_GT (docs/design.md §1): the attention a teacher-forced response pays to the prompt."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from lkv.core.attention import ImportanceCapture
+from lkv.core.generation import crop_to
+
+
+@torch.no_grad()
+def response_importance(
+    model: PreTrainedModel, cache: DynamicCache, prompt_len: int, response_ids: torch.Tensor
+) -> torch.Tensor:
+    """s_GT (docs/design.md §1) for a response teacher-forced on top of a prompt cache.
+
+    Args:
+        cache: the prompt's cache, exactly ``prompt_len`` entries long; restored to that length on return.
+        response_ids: ``(1, R)`` response tokens.
+
+    Returns:
+        ``(layers, kv_heads, prompt_len)`` fp32; each ``[l, h]`` row sums to 1.
+    """
+    if cache.get_seq_length() != prompt_len:
+        raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
+    # every response query is captured, so the capture's fp32 rows also give the attention output
+    capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
+    model(input_ids=response_ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
+    crop_to(cache, prompt_len)
+    return capture.scores(model.config.num_hidden_layers)[0]
