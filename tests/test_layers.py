@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"]
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())",
+]
 
 
 def lint(tree: Path) -> subprocess.CompletedProcess:
@@ -54,7 +58,9 @@ AGAINST_THE_FLOW = [
 ]
 
 
-@pytest.mark.parametrize(("path", "line", "contract"), AGAINST_THE_FLOW, ids=[a[2] + a[0] for a in AGAINST_THE_FLOW])
+@pytest.mark.parametrize(
+    ("path", "line", "contract"), AGAINST_THE_FLOW, ids=[a[2] + a[0] for a in AGAINST_THE_FLOW]
+)
 def test_each_contract_breaks_on_an_import_against_the_flow(tree, path, line, contract):
     target = tree / path
     original = target.read_text()
