@@ -15,6 +15,7 @@ import time
 
 from niah_smoke import PRESS_ARGS, needle_prompt  # (run as a script: scripts/ is on sys.path)
 
+from lkv.core.generation import Sampling
 from lkv.eval.trace import cache_length_traces, plot_cache_lengths
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.decoding import make_method
@@ -35,7 +36,7 @@ def niah(args: argparse.Namespace) -> None:
         for context, question, number in cases:
             scored = compressor.score(f"{context}\n\n{question}")  # one prefill + scoring for every budget
             for budget in args.budgets:
-                out = compressor.decode(compressor.evict(scored, budget), args.max_new_tokens)
+                out = compressor.decode(compressor.evict(scored, budget), Sampling(args.max_new_tokens))
                 solved[budget] += number in out.text
         cells = "".join(f"{f'{solved[b]}/{len(cases)}':>8}" for b in args.budgets)
         print(f"{name:<14}{cells}   {time.perf_counter() - start:.0f}", flush=True)

@@ -15,6 +15,7 @@ import argparse
 import random
 import time
 
+from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, encode_context, load_lookahead
 from lkv.eviction.presses import make_press
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document
@@ -103,9 +104,9 @@ def main() -> None:
             for budget in args.budgets:
                 compressed = compressor.evict(scored, budget)
                 if args.setting == "aware":
-                    out = compressor.decode(compressed, args.max_new_tokens)
+                    out = compressor.decode(compressed, Sampling(args.max_new_tokens))
                 else:
-                    out = compressor.answer(compressed, question, args.max_new_tokens)
+                    out = compressor.answer(compressed, question, Sampling(args.max_new_tokens))
                 solved[budget] += number in out.text
                 if budget == args.budgets[0]:
                     examples.append(f"{number}→{out.text.strip()[-24:]!r}")

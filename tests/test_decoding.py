@@ -17,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from lkv.core.attention import ImportanceCapture
-from lkv.core.generation import decode, greedy, prefill
+from lkv.core.generation import Sampling, decode, greedy, prefill
 from lkv.eval.trace import cache_length_traces, plot_cache_lengths
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.decoding import (
@@ -100,15 +100,19 @@ def test_budget_above_total_length_equals_plain_greedy(tiny_model, method):
     ids = prompt(model)
     want = model.generate(ids, max_new_tokens=20, do_sample=False)[0, PROMPT_LEN:].tolist()
     compressor = build(model, tokenizer, method, budget=64)
-    out = compressor.generate(ids, max_new_tokens=20)
+    out = compressor.generate(ids, Sampling(max_new_tokens=20))
     assert out.token_ids == want
     # Before decoding, then after each of the 19 forward passes: nothing was evicted.
     assert out.cache_lengths == list(range(PROMPT_LEN, PROMPT_LEN + 20))
 
     # Question-agnostic: the question is appended to the compressed context (the same path as FullKV's).
     question = prompt(model, 7, seed=1)
-    want = Compressor(model, tokenizer, "fullkv").generate(ids, max_new_tokens=10, question=question)
-    assert compressor.generate(ids, max_new_tokens=10, question=question).token_ids == want.token_ids
+    want = Compressor(model, tokenizer, "fullkv").generate(
+        ids, Sampling(max_new_tokens=10), question=question
+    )
+    assert (
+        compressor.generate(ids, Sampling(max_new_tokens=10), question=question).token_ids == want.token_ids
+    )
 
 
 @pytest.mark.parametrize(
@@ -138,14 +142,14 @@ def test_cache_never_exceeds_the_budget_during_a_long_generation(tiny_llama, met
                 per_layer,
             )
     # The Compressor's own loop (EOS may end it early) keeps the same bound and gives the same answer.
-    out = compressor.generate(ids, max_new_tokens=30)
+    out = compressor.generate(ids, Sampling(max_new_tokens=30))
     assert max(out.cache_lengths) == max(caps) and out.token_ids == tokens[: len(out.token_ids)]
 
 
 def test_question_agnostic_answer_is_bounded_too(tiny_qwen):
     model, tokenizer = tiny_qwen
     compressor = Compressor(model, tokenizer, "h2o-decode", budget=10)
-    out = compressor.generate(prompt(model), max_new_tokens=30, question=prompt(model, 9, seed=2))
+    out = compressor.generate(prompt(model), Sampling(max_new_tokens=30), question=prompt(model, 9, seed=2))
     # The question is appended on top of 10 kept entries, then evicted back before decoding starts.
     assert out.cache_lengths[0] == 10 and max(out.cache_lengths) == 10 and len(out.token_ids) == 30
 
@@ -298,7 +302,7 @@ def test_policies_match_a_simulation_of_the_published_rules(tiny_llama, rule, ev
     assert tokens == want_tokens
     torch.testing.assert_close(logits, want_logits, atol=1e-4, rtol=0)
     assert max(max(per_layer) for per_layer in lengths) == budget
-    assert compressor.generate(ids, max_new_tokens=steps).token_ids == want_tokens
+    assert compressor.generate(ids, Sampling(max_new_tokens=steps)).token_ids == want_tokens
 
 
 # --- Quest --------------------------------------------------------------------------------------------------
@@ -371,7 +375,7 @@ def test_quest_attends_to_the_pages_a_reference_picks(tiny_model, page_size, bud
     )
     _, full_logits = plain_logits(model, ids, 12)
     assert not torch.allclose(logits[1:], full_logits[1:], atol=1e-3)  # the selection does matter
-    out = quest.generate(ids, max_new_tokens=12)
+    out = quest.generate(ids, Sampling(max_new_tokens=12))
     assert out.token_ids == tokens[: len(out.token_ids)] and out.kv_bytes_kept == out.kv_bytes_full
 
 
@@ -442,7 +446,7 @@ def test_methods_are_presses_and_bad_settings_fail_clearly(tiny_llama):
         Compressor(model, tokenizer, "scissorhands", decode_policy=H2ODecode())
     with pytest.raises(ValueError, match="recent window"):
         Compressor(model, tokenizer, make_method("h2o-decode", every=8, recent=6), budget=12).generate(
-            prompt(model), max_new_tokens=4
+            prompt(model), Sampling(max_new_tokens=4)
         )
     with pytest.raises(ValueError, match="fraction"):
         H2ODecode(recent=1.5)
@@ -466,13 +470,13 @@ def test_decode_time_methods_on_the_embedded_model():
         * 12
         + "\n\nWhat is the special magic number for Oslo?"
     )
-    want = Compressor(model, tokenizer, "fullkv").generate(text, max_new_tokens=16).token_ids
+    want = Compressor(model, tokenizer, "fullkv").generate(text, Sampling(max_new_tokens=16)).token_ids
     for method in ("h2o-decode", "scissorhands", "quest"):
-        out = Compressor(model, tokenizer, method, budget=2048).generate(text, max_new_tokens=16)
+        out = Compressor(model, tokenizer, method, budget=2048).generate(text, Sampling(max_new_tokens=16))
         assert out.token_ids == want, method
     bounded = Compressor(model, tokenizer, "h2o-decode", budget=64)
     bounded.eos_token_ids = []
-    out = bounded.generate(text, max_new_tokens=48)
+    out = bounded.generate(text, Sampling(max_new_tokens=48))
     assert len(out.token_ids) == 48 and out.cache_lengths[0] == 64 and max(out.cache_lengths) == 64
 
 

@@ -8,7 +8,7 @@ import torch
 
 import lkv.commands.eval
 import lkv.eval.runner
-from lkv.core.generation import eos_ids
+from lkv.core.generation import Sampling, eos_ids
 from lkv.core.metrics import kendall_tau_b, topk_recall
 from lkv.eval.runner import Evaluator, answer_importance, check_run, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
@@ -125,9 +125,9 @@ def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_
     for row in rows:
         compressor = Compressor(model, tokenizer, presses[row["method"]], budget=12)
         if setting == "aware":
-            expected = compressor.decode(compressor.compress(context + question), 4)
+            expected = compressor.decode(compressor.compress(context + question), Sampling(4))
         else:
-            expected = compressor.answer(compressor.compress(context), question, 4)
+            expected = compressor.answer(compressor.compress(context), question, Sampling(4))
         assert row["prediction"] == expected.text and row["answer_ids"] == expected.token_ids
 
 
@@ -135,7 +135,7 @@ def test_oracle_is_the_registry_oracle_in_the_aware_setting(tiny_llama):
     model, tokenizer = tiny_llama
     ids = torch.randint(0, 300, (1, 30), generator=torch.Generator().manual_seed(2))
     full = Compressor(model, tokenizer, FullKVPress())
-    answer = full.decode(full.compress(ids), 5).token_ids
+    answer = full.decode(full.compress(ids), Sampling(5)).token_ids
     shared = shared_prefill(model, ids, {})
     ours = answer_importance(model, shared.cache, 30, [], answer)
     registry = Compressor(model, tokenizer, OraclePress(response_tokens=5)).score(ids).scores

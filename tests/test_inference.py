@@ -11,7 +11,7 @@ import lkv.commands.generate
 import lkv.eviction.compressor
 from lkv.cli import main as lkv_main
 from lkv.commands.generate import generate as generate_command
-from lkv.core.generation import prefill
+from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor, append_tokens, encode_context, encode_question
 from lkv.eviction.presses import make_press
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
@@ -68,7 +68,7 @@ def test_question_agnostic_with_full_budget_equals_plain_generation(tiny_model, 
     model, tokenizer = tiny_model
     context, question = ids_of(model, 40), ids_of(model, 9, seed=1)
     compressor = Compressor(model, tokenizer, make_press(method) if method == "fullkv" else method, budget=40)
-    got = compressor.generate(context, max_new_tokens=8, question=question)
+    got = compressor.generate(context, Sampling(max_new_tokens=8), question=question)
     want = model.generate(torch.cat([context, question], 1), max_new_tokens=8, do_sample=False)[0, 49:]
     assert got.token_ids == want.tolist() and got.prompt_tokens == 49
 
@@ -80,7 +80,7 @@ def test_question_agnostic_with_eviction_matches_masked_reference(tiny_llama, me
     context, question = ids_of(model, 40), ids_of(model, 7, seed=1)
     compressor = Compressor(model, tokenizer, make_press(method, window=4), budget=10)
     compressed = compressor.compress_context(context)
-    out = compressor.answer(compressed, question, max_new_tokens=3)
+    out = compressor.answer(compressed, question, Sampling(max_new_tokens=3))
     assert [layer.get_seq_length() for layer in compressed.cache.layers] == compressed.kept_per_layer
 
     cache = copy.deepcopy(compressed.cache)
@@ -98,9 +98,9 @@ def test_one_context_serves_several_questions(tiny_llama):
     compressor = Compressor(model, tokenizer, "snapkv", budget=0.5)
     context = compressor.compress_context("The special magic number for maple is 7321945. " * 4)
     before = [layer.keys.clone() for layer in context.cache.layers]
-    first = compressor.answer(context, "What is the magic number?", max_new_tokens=6)
-    compressor.answer(context, "Something else entirely, please.", max_new_tokens=6)
-    again = compressor.answer(context, "What is the magic number?", max_new_tokens=6)
+    first = compressor.answer(context, "What is the magic number?", Sampling(max_new_tokens=6))
+    compressor.answer(context, "Something else entirely, please.", Sampling(max_new_tokens=6))
+    again = compressor.answer(context, "What is the magic number?", Sampling(max_new_tokens=6))
     assert first.token_ids == again.token_ids
     for layer, keys in zip(context.cache.layers, before, strict=True):
         assert torch.equal(layer.keys, keys)
@@ -110,28 +110,30 @@ def test_sampling_is_seeded_and_top_p_small_is_greedy(tiny_llama):
     model, tokenizer = tiny_llama
     ids = ids_of(model, 30)
     compressor = Compressor(model, tokenizer, "streamingllm", budget=12)
-    greedy = compressor.generate(ids, max_new_tokens=12).token_ids
+    greedy = compressor.generate(ids, Sampling(max_new_tokens=12)).token_ids
     sampled = [
-        compressor.generate(ids, max_new_tokens=12, temperature=1.5, seed=s).token_ids for s in (7, 7, 8)
+        compressor.generate(ids, Sampling(max_new_tokens=12, temperature=1.5, seed=s)).token_ids
+        for s in (7, 7, 8)
     ]
     assert sampled[0] == sampled[1] != sampled[2]
     assert (
-        compressor.generate(ids, max_new_tokens=12, temperature=1.0, top_p=1e-6, seed=3).token_ids == greedy
+        compressor.generate(ids, Sampling(max_new_tokens=12, temperature=1.0, top_p=1e-6, seed=3)).token_ids
+        == greedy
     )
     with pytest.raises(ValueError, match="temperature"):
-        compressor.generate(ids, temperature=-1.0)
+        compressor.generate(ids, Sampling(temperature=-1.0))
     with pytest.raises(ValueError, match="top_p"):
-        compressor.generate(ids, temperature=1.0, top_p=0.0)
+        compressor.generate(ids, Sampling(temperature=1.0, top_p=0.0))
 
 
 def test_stop_strings_end_and_cut_the_answer(tiny_llama):
     model, tokenizer = tiny_llama
     ids = ids_of(model, 30)
     compressor = Compressor(model, tokenizer, "streamingllm", budget=12)
-    full = compressor.generate(ids, max_new_tokens=16)
+    full = compressor.generate(ids, Sampling(max_new_tokens=16))
     assert full.finish_reason == "length" and len(full.token_ids) == 16
     stop = full.text[len(full.text) // 2 :][:2]
-    out = compressor.generate(ids, max_new_tokens=16, stop=[stop])
+    out = compressor.generate(ids, Sampling(max_new_tokens=16, stop=[stop]))
     assert out.finish_reason == "stop" and len(out.token_ids) < 16
     assert out.text == full.text[: full.text.find(stop)]
 
@@ -139,9 +141,9 @@ def test_stop_strings_end_and_cut_the_answer(tiny_llama):
 def test_eos_ends_generation(tiny_llama):
     model, tokenizer = tiny_llama
     ids = ids_of(model, 30)
-    first = Compressor(model, tokenizer, "fullkv").generate(ids, max_new_tokens=1).token_ids[0]
+    first = Compressor(model, tokenizer, "fullkv").generate(ids, Sampling(max_new_tokens=1)).token_ids[0]
     model.generation_config.eos_token_id = first
-    out = Compressor(model, tokenizer, "fullkv").generate(ids, max_new_tokens=8)
+    out = Compressor(model, tokenizer, "fullkv").generate(ids, Sampling(max_new_tokens=8))
     assert out.token_ids == [first] and out.finish_reason == "eos"
 
 
@@ -215,7 +217,10 @@ def test_one_scoring_serves_every_budget(tiny_llama, method):
         assert reused.kept_per_layer == fresh.kept_per_layer and reused.kv_bytes_kept == fresh.kv_bytes_kept
         for a, b in zip(reused.cache.layers, fresh.cache.layers, strict=True):
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-        assert compressor.decode(reused, 5).token_ids == compressor.decode(fresh, 5).token_ids
+        assert (
+            compressor.decode(reused, Sampling(5)).token_ids
+            == compressor.decode(fresh, Sampling(5)).token_ids
+        )
     assert scored.cache.get_seq_length() == 40
 
 
@@ -229,7 +234,9 @@ def test_embedded_model_finds_the_needle_with_full_cache():
     spec.loader.exec_module(niah)
     model, tokenizer = lkv.model.backbone.load_backbone()
     context, question, number = niah.needle_prompt(tokenizer, tokens=2000, depth=0.5)
-    out = Compressor(model, tokenizer, "fullkv").generate(f"{context}\n\n{question}", max_new_tokens=32)
+    out = Compressor(model, tokenizer, "fullkv").generate(
+        f"{context}\n\n{question}", Sampling(max_new_tokens=32)
+    )
     assert out.prompt_tokens > 2000 and number in out.text, out.text
 
 

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from lkv.core.generation import prefill
+from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import PressContext
 from lkv.eviction.presses.laq import LAQPress, pooled_window_scores
@@ -79,13 +79,15 @@ def test_full_budget_is_token_identical_to_generate(tiny_model, method):
     ids = prompt(model)
     want = model.generate(ids, max_new_tokens=8, do_sample=False)[0, PROMPT_LEN:].tolist()
     compressor = Compressor(model, tokenizer, presses()[method](), budget=PROMPT_LEN)
-    assert compressor.generate(ids, max_new_tokens=8).token_ids == want
+    assert compressor.generate(ids, Sampling(max_new_tokens=8)).token_ids == want
     # Force the scoring (compress() skips it when the budget fits): the cache must come back untouched.
     plain = cache_tensors(prefill(model, ids)[0])
     scored = compressor.score(ids)
     assert scored.scores is not None
     assert all(torch.equal(a, b) for a, b in zip(plain, cache_tensors(scored.cache), strict=True))
-    assert compressor.decode(compressor.evict(scored, PROMPT_LEN, in_place=True), 8).token_ids == want
+    assert (
+        compressor.decode(compressor.evict(scored, PROMPT_LEN, in_place=True), Sampling(8)).token_ids == want
+    )
 
 
 @pytest.mark.parametrize("method", ["laq", "speckv"])

@@ -10,7 +10,7 @@
 import pytest
 import torch
 
-from lkv.core.generation import prefill
+from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import PRESSES, Press, PressContext, make_press
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
@@ -65,7 +65,7 @@ def test_full_budget_is_token_identical_to_generate(tiny_model, method):
     ids = prompt(model)
     want = model.generate(ids, max_new_tokens=10, do_sample=False)[0, PROMPT_LEN:].tolist()
     out = Compressor(model, tokenizer, build_press(method, model), budget=PROMPT_LEN).generate(
-        ids, max_new_tokens=10
+        ids, Sampling(max_new_tokens=10)
     )
     assert out.token_ids == want
     assert out.kv_bytes_kept == out.kv_bytes_full and out.kept_per_layer == [PROMPT_LEN] * len(
@@ -79,7 +79,7 @@ def test_budget_above_length_evicts_nothing(tiny_llama, budget):
     ids = prompt(model)
     want = model.generate(ids, max_new_tokens=10, do_sample=False)[0, PROMPT_LEN:].tolist()
     out = Compressor(model, tokenizer, build_press("snapkv", model), budget=budget).generate(
-        ids, max_new_tokens=10
+        ids, Sampling(max_new_tokens=10)
     )
     assert out.token_ids == want and out.kv_bytes_kept == out.kv_bytes_full
 
@@ -110,7 +110,7 @@ def test_eviction_matches_masked_full_cache(tiny_model, method):
     tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, PROMPT_LEN, steps=4)
     want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
     torch.testing.assert_close(got, want[PROMPT_LEN - 1 :], atol=1e-4, rtol=0)
-    assert compressor.generate(ids, max_new_tokens=4).token_ids == tokens.tolist()
+    assert compressor.generate(ids, Sampling(max_new_tokens=4)).token_ids == tokens.tolist()
 
 
 def test_tova_h2o_snapkv_scores_match_eager_attention(tiny_model):

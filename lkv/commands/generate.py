@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
 from lkv.eviction.decoding import make_method
 from lkv.eviction.presses.selector import check_budget
@@ -84,7 +85,7 @@ def generate(
         )
         press = make_method(method, **(press_args or {}))
     compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
-    out = compressor.generate(prompt, max_new_tokens, temperature, top_p, seed, stop or (), question=question)
+    out = compressor.generate(prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question)
     print(out.text)
     print(
         f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",

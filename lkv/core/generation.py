@@ -8,6 +8,7 @@ same loop serves a full cache, one that eviction has shrunk to a budget, and one
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -72,6 +73,38 @@ def make_sampler(temperature: float = 0.0, top_p: float = 1.0, seed: int | None 
         return order.gather(-1, choice)[..., 0]
 
     return sample
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one answer is drawn, passed as one value through ``generate`` / ``decode`` / ``answer``.
+
+    Attributes:
+        max_new_tokens: longest answer in tokens; it also ends at EOS and at any of ``stop``.
+        temperature: 0 = greedy; otherwise the softmax temperature of nucleus sampling.
+        top_p: nucleus mass kept when sampling (0 < top_p ≤ 1).
+        seed: seed of the sampler's own generator (``None``: non-deterministic).
+        stop: strings that end the answer besides EOS (need a tokenizer).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop", tuple(self.stop))  # a list from YAML/CLI hashes and compares as a tuple
+        make_sampler(self.temperature, self.top_p, self.seed)  # checks temperature and top_p
+
+    def sampler(self) -> Sampler:
+        """A fresh sampler (its own generator, so each answer restarts from ``seed``)."""
+        return make_sampler(self.temperature, self.top_p, self.seed)
+
+
+GREEDY = Sampling()
 
 
 class StopStrings:

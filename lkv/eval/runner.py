@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import cache_bytes
-from lkv.core.generation import crop_to, prefill
+from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.eval.report import FULL, NO_BUDGET
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
@@ -306,9 +306,10 @@ class Evaluator:
         appended: list[int],
     ) -> Generation:
         compressed = compressor.evict(scored, budget)
+        sampling = Sampling(max_new_tokens=sample.max_new_tokens, stop=tuple(sample.stop))
         if appended:
-            return compressor.answer(compressed, appended, sample.max_new_tokens, stop=sample.stop)
-        return compressor.decode(compressed, sample.max_new_tokens, stop=sample.stop)
+            return compressor.answer(compressed, appended, sampling)
+        return compressor.decode(compressed, sampling)
 
     def _row(
         self,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, Prompt
 
 
@@ -27,7 +28,7 @@ def cache_length_traces(
     for name, compressor in compressors.items():
         endless = copy.copy(compressor)  # a shallow copy: same model and press, no EOS
         endless.eos_token_ids = []
-        traces[name] = endless.generate(prompt, max_new_tokens=max_new_tokens).cache_lengths
+        traces[name] = endless.generate(prompt, Sampling(max_new_tokens=max_new_tokens)).cache_lengths
     return traces
 
 

@@ -5,7 +5,7 @@
 
     model, tokenizer = load_backbone("smollm2-135m")
     gen = Compressor(model, tokenizer, press="snapkv", budget=128)      # 128 tokens per KV head (or 0.25)
-    out = gen.generate("Summarise: ...", max_new_tokens=64)             # question-aware (paper)
+    out = gen.generate("Summarise: ...", Sampling(max_new_tokens=64))             # question-aware (paper)
     print(out.text, out.kv_bytes_kept / out.kv_bytes_full)
 
     context = gen.compress_context(long_document)                      # question-agnostic: compress once,
@@ -38,7 +38,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
-from lkv.core.generation import CacheUpkeep, StopStrings, decode, eos_ids, make_sampler, prefill
+from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress, make_method
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
@@ -365,11 +365,7 @@ class Compressor:
     def generate(
         self,
         prompt: Prompt,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
+        sampling: Sampling = GREEDY,
         question: str | Sequence[int] | torch.Tensor | None = None,
     ) -> Generation:
         """Compress ``prompt`` and answer.
@@ -379,24 +375,13 @@ class Compressor:
         cache and answered (question-agnostic).
 
         Args:
-            max_new_tokens: longest answer; generation also ends at EOS and at any of ``stop``.
-            temperature, top_p, seed: sampling (``temperature=0`` is greedy).
+            sampling: answer length, sampling and stop strings (default: greedy, up to 128 tokens).
         """
         if question is None:
-            return self.decode(self.compress(prompt), max_new_tokens, temperature, top_p, seed, stop)
-        return self.answer(
-            self.compress_context(prompt), question, max_new_tokens, temperature, top_p, seed, stop
-        )
+            return self.decode(self.compress(prompt), sampling)
+        return self.answer(self.compress_context(prompt), question, sampling)
 
-    def decode(
-        self,
-        compressed: CompressedPrompt,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-    ) -> Generation:
+    def decode(self, compressed: CompressedPrompt, sampling: Sampling = GREEDY) -> Generation:
         """Answer a (question-aware) compressed prompt; its cache changes with the answer, so use it once."""
         upkeep = self._begin(compressed, compressed.cache)
         return self._decode(
@@ -405,11 +390,7 @@ class Compressor:
             compressed.next_logits,
             compressed.prompt_len,
             0.0,
-            max_new_tokens,
-            temperature,
-            top_p,
-            seed,
-            stop,
+            sampling,
             upkeep,
         )
 
@@ -418,11 +399,7 @@ class Compressor:
         self,
         context: CompressedPrompt,
         question: str | Sequence[int] | torch.Tensor,
-        max_new_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
+        sampling: Sampling = GREEDY,
     ) -> Generation:
         """Question-agnostic answer: append ``question`` to a copy of a compressed context and decode.
 
@@ -449,11 +426,7 @@ class Compressor:
             next_logits,
             context.prompt_len + ids.shape[1],
             appended,
-            max_new_tokens,
-            temperature,
-            top_p,
-            seed,
-            stop,
+            sampling,
             upkeep,
         )
 
@@ -480,21 +453,15 @@ class Compressor:
         next_logits: torch.Tensor,
         position: int,
         question_s: float,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        seed: int | None,
-        stop: Sequence[str],
+        sampling: Sampling,
         upkeep: CacheUpkeep,
     ) -> Generation:
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
         stopper = None
-        if stop:
+        if sampling.stop:
             if self.tokenizer is None:
                 raise ValueError("stop strings need a tokenizer")
-            stopper = StopStrings(self.tokenizer, stop)
-        sampler = make_sampler(temperature, top_p, seed)
+            stopper = StopStrings(self.tokenizer, sampling.stop)
+        sampler = sampling.sampler()
         start = _clock(self.device)
         cache = upkeep.enforce(cache)  # a question appended, or a policy budget below the prompt's
         tokens = decode(
@@ -502,7 +469,7 @@ class Compressor:
             cache,
             next_logits,
             position,
-            max_new_tokens,
+            sampling.max_new_tokens,
             self.eos_token_ids,
             sampler,
             stopper,
