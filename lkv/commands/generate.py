@@ -85,7 +85,9 @@ def generate(
         )
         press = make_method(method, **(press_args or {}))
     compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
-    out = compressor.generate(prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question)
+    out = compressor.generate(
+        prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
+    )
     print(out.text)
     print(
         f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",

@@ -96,7 +96,9 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", tuple(self.stop))  # a list from YAML/CLI hashes and compares as a tuple
+        object.__setattr__(
+            self, "stop", tuple(self.stop)
+        )  # a list from YAML/CLI hashes and compares as a tuple
         make_sampler(self.temperature, self.top_p, self.seed)  # checks temperature and top_p
 
     def sampler(self) -> Sampler:
