@@ -18,7 +18,7 @@ from niah_smoke import PRESS_ARGS, needle_prompt  # (run as a script: scripts/ i
 from lkv.core.generation import Sampling
 from lkv.eval.trace import cache_length_traces, plot_cache_lengths
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.decoding import make_method
+from lkv.eviction.registry import make_method
 from lkv.model.backbone import load_backbone
 
 PREFILL_ONLY = ["fullkv", "streamingllm", "snapkv", "h2o", "tova"]

@@ -17,7 +17,7 @@ import time
 
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, encode_context, load_lookahead
-from lkv.eviction.presses import make_press
+from lkv.eviction.registry import make_method
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document
 from lkv.model.backbone import load_backbone
 
@@ -84,7 +84,7 @@ def main() -> None:
         model, tokenizer, lookahead = load_lookahead(args.adapter, args.model)
     else:
         model, tokenizer = load_backbone(args.model)
-    presses = {name: make_press(name, **PRESS_ARGS.get(name, {})) for name in args.methods}
+    presses = {name: make_method(name, **PRESS_ARGS.get(name, {})) for name in args.methods}
     if args.adapter:
         presses["lookaheadkv"] = lookahead
     cases = [needle_prompt(tokenizer, args.tokens, depth, seed=i) for i, depth in enumerate(args.depths)]

@@ -27,12 +27,11 @@ from lkv.eviction.decoding import (
     H2ODecode,
     QuestAttention,
     ScissorhandsDecode,
-    make_method,
     page_bounds,
     page_summaries,
 )
-from lkv.eviction.presses import make_press
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.registry import make_method
 from lkv.model.lookahead import LookaheadAdapter
 from tests.reference import eager_attentions
 
@@ -85,7 +84,7 @@ def build(model, tokenizer, method: str, budget: int) -> Compressor:
         adapter = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)
         prefill_press = LookaheadKVPress(adapter)
     else:
-        prefill_press = make_press(press, **({"window": 4} if press in ("snapkv", "pyramidkv") else {}))
+        prefill_press = make_method(press, **({"window": 4} if press in ("snapkv", "pyramidkv") else {}))
     return Compressor(model, tokenizer, prefill_press, budget, decode_policy=POLICIES[policy]())
 
 

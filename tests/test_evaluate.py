@@ -13,8 +13,8 @@ from lkv.core.metrics import kendall_tau_b, topk_recall
 from lkv.eval.runner import Evaluator, answer_importance, check_run, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.decoding import make_method
-from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, make_press
+from lkv.eviction.presses import FullKVPress, OraclePress, PressContext
+from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
@@ -35,7 +35,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch
 ):
     model, tokenizer = tiny_llama
-    presses = {"snapkv": make_press("snapkv", window=4), "tova": make_press("tova")}
+    presses = {"snapkv": make_method("snapkv", window=4), "tova": make_method("tova")}
     out = tmp_path / "eval"
     rows = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
         [needle(tiny_corpus)]
@@ -93,7 +93,7 @@ SCORED = ("snapkv", "pyramidkv", "h2o", "tova", "streamingllm", "laq", "speckv")
 
 def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
     model, tokenizer = tiny_llama
-    presses = {m: make_press(m, **({"window": 4} if m in WINDOWED else {})) for m in SCORED}
+    presses = {m: make_method(m, **({"window": 4} if m in WINDOWED else {})) for m in SCORED}
     presses["scissorhands"] = make_method("scissorhands", history=4)
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     shared = shared_prefill(model, ids, presses)
@@ -112,8 +112,8 @@ def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
 def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_corpus, tmp_path, setting):
     model, tokenizer = tiny_llama
     presses = {
-        "h2o": make_press("h2o", recent=2),
-        "snapkv": make_press("snapkv", window=4),
+        "h2o": make_method("h2o", recent=2),
+        "snapkv": make_method("snapkv", window=4),
         "h2o-decode": make_method("h2o-decode", every=1),
         "scissorhands": make_method("scissorhands", history=4, every=2),
         "quest": make_method("quest", page_size=4),
@@ -145,7 +145,7 @@ def test_oracle_is_the_registry_oracle_in_the_aware_setting(tiny_llama):
 
 def test_fullkv_and_oracle_rows_and_agreement(tiny_llama, tiny_corpus, tmp_path):
     model, tokenizer = tiny_llama
-    presses = {"fullkv": FullKVPress(), "oracle": OraclePress(), "random": make_press("random")}
+    presses = {"fullkv": FullKVPress(), "oracle": OraclePress(), "random": make_method("random")}
     rows = Evaluator(model, tokenizer, presses, [8], ["agnostic"], tmp_path, progress=False).run(
         [needle(tiny_corpus)]
     )
@@ -172,8 +172,8 @@ def test_importance_rows_rank_each_method_against_the_labels(tiny_llama, tmp_pat
     writer.flush()
     presses = {
         "fullkv": FullKVPress(),
-        "snapkv": make_press("snapkv", window=4),
-        "random": make_press("random"),
+        "snapkv": make_method("snapkv", window=4),
+        "random": make_method("random"),
     }
     task = ImportanceTask(str(folder), budgets=(4, 8))
     rows = Evaluator(model, tokenizer, presses, [8], ["aware"], tmp_path / "out", progress=False).run([task])
@@ -191,10 +191,10 @@ def test_importance_rows_rank_each_method_against_the_labels(tiny_llama, tmp_pat
 
 def test_with_protected_marks_kept_positions():
     scores = torch.arange(6.0).view(1, 6)
-    assert with_protected(scores, make_press("streamingllm", sink=2)).tolist() == [
+    assert with_protected(scores, make_method("streamingllm", sink=2)).tolist() == [
         [float("inf")] * 2 + [2, 3, 4, 5]
     ]
-    assert with_protected(scores, make_press("h2o", recent=1)).tolist() == [[0, 1, 2, 3, 4, float("inf")]]
+    assert with_protected(scores, make_method("h2o", recent=1)).tolist() == [[0, 1, 2, 3, 4, float("inf")]]
 
 
 def test_a_folder_of_another_run_is_refused(tmp_path):
@@ -218,7 +218,7 @@ def test_fullkv_finds_a_heldout_needle_on_smollm2(tmp_path):
     from lkv.model.backbone import load_backbone
 
     model, tokenizer = load_backbone("smollm2-135m")
-    presses = {"fullkv": FullKVPress(), "streamingllm": make_press("streamingllm")}
+    presses = {"fullkv": FullKVPress(), "streamingllm": make_method("streamingllm")}
     task = NeedleTask(lengths=(1024,), depths=(0.5,), max_new_tokens=12)
     rows = Evaluator(model, tokenizer, presses, [64], ["aware"], tmp_path, progress=False).run([task])
     by_method = {r["method"]: r for r in rows}

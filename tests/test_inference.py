@@ -13,7 +13,7 @@ from lkv.cli import main as lkv_main
 from lkv.commands.generate import generate as generate_command
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor, append_tokens, encode_context, encode_question
-from lkv.eviction.presses import make_press
+from lkv.eviction.registry import make_method
 from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
 
 
@@ -67,7 +67,9 @@ def test_text_prompt_uses_the_chat_template(tiny_llama):
 def test_question_agnostic_with_full_budget_equals_plain_generation(tiny_model, method):
     model, tokenizer = tiny_model
     context, question = ids_of(model, 40), ids_of(model, 9, seed=1)
-    compressor = Compressor(model, tokenizer, make_press(method) if method == "fullkv" else method, budget=40)
+    compressor = Compressor(
+        model, tokenizer, make_method(method) if method == "fullkv" else method, budget=40
+    )
     got = compressor.generate(context, Sampling(max_new_tokens=8), question=question)
     want = model.generate(torch.cat([context, question], 1), max_new_tokens=8, do_sample=False)[0, 49:]
     assert got.token_ids == want.tolist() and got.prompt_tokens == 49
@@ -78,7 +80,7 @@ def test_question_agnostic_with_eviction_matches_masked_reference(tiny_llama, me
     """The question is appended to the compressed context (positions from the full context length)."""
     model, tokenizer = tiny_llama
     context, question = ids_of(model, 40), ids_of(model, 7, seed=1)
-    compressor = Compressor(model, tokenizer, make_press(method, window=4), budget=10)
+    compressor = Compressor(model, tokenizer, make_method(method, window=4), budget=10)
     compressed = compressor.compress_context(context)
     out = compressor.answer(compressed, question, Sampling(max_new_tokens=3))
     assert [layer.get_seq_length() for layer in compressed.cache.layers] == compressed.kept_per_layer
@@ -209,7 +211,7 @@ def test_generate_command_with_an_exported_adapter(patched_backbone, make_tiny_m
 def test_one_scoring_serves_every_budget(tiny_llama, method):
     model, tokenizer = tiny_llama
     ids = ids_of(model, 40)
-    press = make_press(method, **({"response_tokens": 4} if method == "oracle" else {"window": 4}))
+    press = make_method(method, **({"response_tokens": 4} if method == "oracle" else {"window": 4}))
     scored = Compressor(model, tokenizer, press).score(ids)
     for budget in (8, 16, 0.5, 40):
         compressor = Compressor(model, tokenizer, press, budget=budget)

@@ -8,7 +8,6 @@ from typing import Any
 
 from lkv.eval.report import write_report
 from lkv.eval.runner import (
-    DEFAULT_METHODS,
     RESULTS_FILE,
     SETTINGS,
     Evaluator,
@@ -18,15 +17,15 @@ from lkv.eval.runner import (
 )
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
-from lkv.eviction.decoding import make_method
 from lkv.eviction.presses import OraclePress, Press
+from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
 
 
 def evaluate(
     tasks: list[Benchmark],
-    methods: tuple[str, ...] = DEFAULT_METHODS,
+    methods: tuple[MethodName, ...] = DEFAULT_METHODS,
     budgets: tuple[int | float, ...] = (64, 128),
     settings: tuple[Setting, ...] = SETTINGS,
     output: str = "reports/eval",
@@ -43,9 +42,8 @@ def evaluate(
 
     Args:
         tasks: benchmarks, e.g. ``[{class_path: lkv.eval.tasks.NeedleTask, init_args: {lengths: [1024]}}]``.
-        methods: eviction methods: fullkv, oracle, lookaheadkv, snapkv, pyramidkv, streamingllm, h2o, tova,
-            random, laq, speckv (once after prefill) and h2o-decode, scissorhands, quest (acting while
-            decoding; :mod:`lkv.eviction.decoding`).
+        methods: eviction methods, by their names in :data:`lkv.eviction.registry.METHODS` (the table in
+            docs/evaluation.md); the default is every method of the default list.
         budgets: KV entries kept per head: whole numbers of tokens (paper) or ratios of the prompt in (0, 1].
         settings: ``aware`` (question inside the compressed prompt, as in the paper) and/or ``agnostic``
             (context compressed before the question is appended).

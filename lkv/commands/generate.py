@@ -7,8 +7,8 @@ from pathlib import Path
 
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
-from lkv.eviction.decoding import make_method
 from lkv.eviction.presses.selector import check_budget
+from lkv.eviction.registry import MethodName, make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.train.export import resolve_adapter
 
@@ -17,7 +17,7 @@ def generate(
     prompt: str | None = None,
     prompt_file: str | None = None,
     model: str | None = None,
-    method: str = "snapkv",
+    method: MethodName = "snapkv",
     budget: int | float = 128,
     question: str | None = None,
     adapter: str | None = None,
@@ -42,9 +42,8 @@ def generate(
         prompt_file: read the prompt from this file instead.
         model: embedded short name, local folder, ``.gguf`` file or hub id (default: ``smollm2-135m``, or
             the base model named by an ``--adapter`` checkpoint).
-        method: eviction method: fullkv, streamingllm, snapkv, pyramidkv, h2o, tova, random, laq, speckv,
-            oracle, lookaheadkv; or a decode-time one: h2o-decode, scissorhands (the cache stays within the
-            budget while generating), quest (page selection per step; keeps the full cache).
+        method: an eviction method registered in :data:`lkv.eviction.registry.METHODS` (the table in
+            docs/evaluation.md): prefill-time ones, and decode-time h2o-decode, scissorhands, quest.
         budget: KV entries kept per head: a whole number of tokens (paper), or a ratio of the prompt in (0, 1].
         question: question-agnostic mode: the prompt is the context, compressed before this question is
             appended and answered.

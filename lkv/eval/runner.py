@@ -48,20 +48,6 @@ from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
 Setting = Literal["aware", "agnostic"]
-DEFAULT_METHODS = (
-    "fullkv",
-    "oracle",
-    "lookaheadkv",
-    "snapkv",
-    "pyramidkv",
-    "streamingllm",
-    "h2o",
-    "tova",
-    "random",
-    "h2o-decode",
-    "scissorhands",
-    "quest",
-)
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 

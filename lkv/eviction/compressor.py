@@ -39,9 +39,10 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
-from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress, make_method
+from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.registry import make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import exported_base_model
 
@@ -190,8 +191,7 @@ class Compressor:
     Args:
         model: a causal LM prepared with :func:`lkv.core.attention.install_capture` (as ``load_backbone`` returns).
         tokenizer: needed for text prompts and decoded answers; ``None`` works with token ids.
-        press: an eviction method or its name (:func:`lkv.eviction.decoding.make_method`: :data:`lkv.eviction.presses.PRESSES`
-            and the decode-time methods of :data:`lkv.eviction.decoding.DECODE_METHODS`).
+        press: an eviction method, or its name in :data:`lkv.eviction.registry.METHODS`.
         budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``).
         sink, recent: leading / trailing prompt tokens always kept, on top of the method's own.
         kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``max``/``avg``).

@@ -45,7 +45,8 @@ from transformers import PreTrainedModel
 
 from lkv.core.cache import cache_bytes
 from lkv.core.generation import decode, prefill
-from lkv.eviction.presses import LookaheadKVPress, Press, make_press
+from lkv.eviction.presses import LookaheadKVPress, Press
+from lkv.eviction.registry import make_method
 from lkv.perf.memory import cuda_peak_bytes, subprocess_peak_bytes
 from lkv.perf.models import load_model
 from lkv.perf.timing import Case, Timings, linear_fit, time_interleaved
@@ -158,12 +159,14 @@ class Workbench:
         if method == "lookaheadkv":
             return LookaheadKVPress(self.lookahead)
         if method == "laq":  # its SnapKV-compressed draft cache keeps the eviction budget, as in the paper
-            return make_press(method, draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
+            return make_method(method, draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
         if method == "speckv":
-            return make_press(method, draft_layers=s.draft_layers, num_tokens=s.draft_tokens, window=s.window)
+            return make_method(
+                method, draft_layers=s.draft_layers, num_tokens=s.draft_tokens, window=s.window
+            )
         if method in ("snapkv", "pyramidkv"):
-            return make_press(method, window=s.window)
-        return make_press(method)
+            return make_method(method, window=s.window)
+        return make_method(method)
 
     def case(self, which: str, variant: str, length: int) -> Case:
         builders = {

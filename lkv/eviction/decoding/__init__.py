@@ -1,6 +1,7 @@
 """Decode-time methods: policies that act while tokens are generated, composable with any prefill method.
 
-    from lkv.eviction.decoding import H2ODecode, make_method
+    from lkv.eviction.decoding import H2ODecode
+    from lkv.eviction.registry import make_method
     from lkv.eviction.compressor import Compressor
 
     Compressor(model, tokenizer, "h2o-decode", budget=128)                      # H2O as published
@@ -24,13 +25,12 @@ from lkv.eviction.decoding.base import (
 )
 from lkv.eviction.decoding.capture import AttentionRows
 from lkv.eviction.decoding.h2o import H2ODecode
-from lkv.eviction.decoding.methods import DECODE_METHODS, DecodeTimePress, make_method
+from lkv.eviction.decoding.methods import DecodeTimePress
 from lkv.eviction.decoding.quest import QuestAttention, page_bounds, page_summaries
 from lkv.eviction.decoding.scissorhands import ScissorhandsDecode, ScissorhandsPress, unimportant
 from lkv.eviction.decoding.sparse_attention import SPARSE_KWARG, install_sparse_attention
 
 __all__ = [
-    "DECODE_METHODS",
     "SPARSE_KWARG",
     "AttentionRows",
     "CacheTrace",
@@ -45,7 +45,6 @@ __all__ = [
     "ScissorhandsPress",
     "Upkeep",
     "install_sparse_attention",
-    "make_method",
     "page_bounds",
     "page_summaries",
     "unimportant",

@@ -1,14 +1,11 @@
-"""Named decode-time methods: a prefill press paired with the policy that keeps working while decoding.
+"""Decode-time methods: a prefill press paired with the policy that keeps working while decoding.
 
-``make_method(name, **kwargs)`` accepts every :data:`lkv.eviction.presses.PRESSES` name (a plain prefill press) and
-the decode-time methods of :data:`DECODE_METHODS`. Those come back as a :class:`DecodeTimePress`: a press in
-every respect (the evaluation runner prefills, scores and evicts it like any other), whose
+:func:`h2o_decode`, :func:`scissorhands` and :func:`quest` (registered under their names in
+:mod:`lkv.eviction.registry`) build a :class:`DecodeTimePress`: a press in every respect (the evaluation runner prefills, scores and evicts it like any other), whose
 ``decode_policy`` :class:`lkv.eviction.compressor.Compressor` then applies while generating.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -17,7 +14,7 @@ from lkv.eviction.decoding.base import DecodePolicy
 from lkv.eviction.decoding.h2o import H2ODecode
 from lkv.eviction.decoding.quest import QuestAttention
 from lkv.eviction.decoding.scissorhands import ScissorhandsDecode, ScissorhandsPress
-from lkv.eviction.presses import PRESSES, FullKVPress, H2OPress, Press, PressContext, make_press
+from lkv.eviction.presses import FullKVPress, H2OPress, Press, PressContext
 
 
 class DecodeTimePress(Press):
@@ -50,45 +47,22 @@ class DecodeTimePress(Press):
         return self.press.layer_budgets(budget, prompt_len, num_layers)
 
 
-def _h2o(**kwargs) -> DecodeTimePress:
+def h2o_decode(**kwargs) -> DecodeTimePress:
+    """H2O as published: prompt by accumulated attention, then H2O at every step
+    (:class:`~lkv.eviction.decoding.h2o.H2ODecode`: ``budget``, ``every``, ``recent``)."""
     # The prompt window comes from the policy (a fraction of the budget), not from the press.
     return DecodeTimePress("h2o-decode", H2OPress(recent=0), H2ODecode(**kwargs))
 
 
-def _scissorhands(**kwargs) -> DecodeTimePress:
+def scissorhands(**kwargs) -> DecodeTimePress:
+    """Scissorhands (:class:`~lkv.eviction.decoding.scissorhands.ScissorhandsDecode`: ``budget``, ``every``,
+    ``recent``, ``history``)."""
     policy = ScissorhandsDecode(**kwargs)
     return DecodeTimePress("scissorhands", ScissorhandsPress(policy.history), policy)
 
 
-def _quest(**kwargs) -> DecodeTimePress:
+def quest(**kwargs) -> DecodeTimePress:
+    """Quest page selection (:class:`~lkv.eviction.decoding.quest.QuestAttention`: ``budget``, ``page_size``,
+    ``dense_layers``)."""
     # Nothing is evicted: Quest keeps the full cache and only narrows each step's attention.
     return DecodeTimePress("quest", FullKVPress(), QuestAttention(**kwargs))
-
-
-DECODE_METHODS: dict[str, Callable[..., DecodeTimePress]] = {
-    "h2o-decode": _h2o,
-    "scissorhands": _scissorhands,
-    "quest": _quest,
-}
-
-
-def make_method(name: str, **kwargs) -> Press:
-    """The eviction method called ``name``: a prefill press (:func:`lkv.eviction.presses.make_press`) or a decode-time one.
-
-    Decode-time methods and their keyword arguments:
-
-    * ``h2o-decode`` — H2O as published: prompt by accumulated attention, then H2O at every step
-      (:class:`~lkv.eviction.decoding.h2o.H2ODecode`: ``budget``, ``every``, ``recent``);
-    * ``scissorhands`` — Scissorhands (:class:`~lkv.eviction.decoding.scissorhands.ScissorhandsDecode`: ``budget``,
-      ``every``, ``recent``, ``history``);
-    * ``quest`` — Quest page selection, no eviction (:class:`~lkv.eviction.decoding.quest.QuestAttention`:
-      ``budget``, ``page_size``, ``dense_layers``).
-    """
-    factory = DECODE_METHODS.get(name.lower())
-    if factory is not None:
-        return factory(**kwargs)
-    if name.lower() not in PRESSES:
-        raise ValueError(
-            f"unknown eviction method {name!r}; choose one of {', '.join([*PRESSES, *DECODE_METHODS])}"
-        )
-    return make_press(name, **kwargs)

@@ -1,6 +1,6 @@
 """Eviction methods behind one interface (:class:`~lkv.eviction.presses.base.Press`) and the shared selector.
 
-``make_press("snapkv", window=16)`` builds a method by name; :data:`PRESSES` lists them.
+One file per method; :mod:`lkv.eviction.registry` names them (``make_method("snapkv", window=16)``).
 """
 
 from __future__ import annotations
@@ -18,35 +18,7 @@ from lkv.eviction.presses.speckv import SpecKVPress
 from lkv.eviction.presses.streaming import StreamingLLMPress
 from lkv.eviction.presses.tova import TOVAPress
 
-PRESSES: dict[str, type[Press]] = {
-    press.name: press
-    for press in (
-        FullKVPress,
-        StreamingLLMPress,
-        SnapKVPress,
-        PyramidKVPress,
-        H2OPress,
-        TOVAPress,
-        RandomPress,
-        LAQPress,
-        SpecKVPress,
-        OraclePress,
-        LookaheadKVPress,
-    )
-}
-
-
-def make_press(name: str, **kwargs) -> Press:
-    """Instantiate the method registered as ``name`` (see :data:`PRESSES`) with its keyword arguments."""
-    try:
-        cls = PRESSES[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(PRESSES)}") from None
-    return cls(**kwargs)
-
-
 __all__ = [
-    "PRESSES",
     "FullKVPress",
     "H2OPress",
     "LAQPress",
@@ -60,6 +32,5 @@ __all__ = [
     "SpecKVPress",
     "StreamingLLMPress",
     "TOVAPress",
-    "make_press",
     "pool_scores",
 ]

@@ -1,0 +1,132 @@
+"""Every eviction method under one name, in one registry: prefill presses and decode-time methods alike.
+
+``make_method("snapkv", window=16)`` builds a method by name. :data:`METHODS` is the single source of the
+method names that the CLI accepts, of the default method list of ``lkv eval`` (:data:`DEFAULT_METHODS`)
+and of the method table in docs/evaluation.md (:func:`method_table`, checked by a test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from lkv.eviction.decoding.methods import h2o_decode, quest, scissorhands
+from lkv.eviction.presses import (
+    FullKVPress,
+    H2OPress,
+    LAQPress,
+    LookaheadKVPress,
+    OraclePress,
+    Press,
+    PyramidKVPress,
+    RandomPress,
+    SnapKVPress,
+    SpecKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered eviction method.
+
+    Attributes:
+        name: the name used by the CLI, configs, result rows and reports.
+        build: ``build(**settings) -> Press``.
+        acts: ``prefill`` (scores the prompt once, then the cache is fixed) or ``decode`` (keeps acting
+            while tokens are generated).
+        summary: one line for the docs' method table.
+        default: part of ``lkv eval``'s default method list.
+        needs: what else the method needs, if anything (shown in the table).
+    """
+
+    name: str
+    build: Callable[..., Press]
+    acts: Literal["prefill", "decode"]
+    summary: str
+    default: bool = True
+    needs: str = ""
+
+
+_REGISTERED = (
+    Method("fullkv", FullKVPress, "prefill", "no eviction: the reference every method is compared with"),
+    Method(
+        "oracle",
+        OraclePress,
+        "prefill",
+        "s_GT of the model's own full-cache answer (an upper bound, not a method)",
+        needs="the full-cache answer",
+    ),
+    Method(
+        "lookaheadkv",
+        LookaheadKVPress,
+        "prefill",
+        "the trained lookahead module predicts the future response's attention",
+        needs="an adapter (`--adapter`)",
+    ),
+    Method(
+        "snapkv",
+        SnapKVPress,
+        "prefill",
+        "attention of the last `window` prompt queries, 1-D pooled; window kept",
+    ),
+    Method(
+        "pyramidkv", PyramidKVPress, "prefill", "SnapKV scores with budgets shrinking with depth, same total"
+    ),
+    Method("streamingllm", StreamingLLMPress, "prefill", "the first `sink` tokens plus the most recent ones"),
+    Method("h2o", H2OPress, "prefill", "attention accumulated over every prompt query, plus a recent window"),
+    Method("tova", TOVAPress, "prefill", "attention of the last prompt query"),
+    Method("random", RandomPress, "prefill", "random scores: the floor"),
+    Method(
+        "laq",
+        LAQPress,
+        "prefill",
+        "pseudo response drafted from a SnapKV-compressed cache scores the full cache",
+        default=False,
+    ),
+    Method(
+        "speckv",
+        SpecKVPress,
+        "prefill",
+        "a draft model's answer scores the target's cache",
+        default=False,
+        needs="a draft model",
+    ),
+    Method(
+        "h2o-decode",
+        h2o_decode,
+        "decode",
+        "H2O as published: the cache stays within the budget while decoding",
+    ),
+    Method(
+        "scissorhands",
+        scissorhands,
+        "decode",
+        "Scissorhands: unimportant-token counts, evicted while decoding",
+    ),
+    Method("quest", quest, "decode", "Quest page selection per step; keeps the full cache (no memory saved)"),
+)
+METHODS: dict[str, Method] = {method.name: method for method in _REGISTERED}
+DEFAULT_METHODS: tuple[str, ...] = tuple(method.name for method in _REGISTERED if method.default)
+# The registered names as a type: the CLI lists them as the choices of `--method` / `--methods`.
+MethodName = Literal[tuple(METHODS)]
+
+
+def make_method(name: str, **settings) -> Press:
+    """The eviction method registered as ``name`` (case-insensitive), built with its own ``settings``."""
+    method = METHODS.get(name.lower())
+    if method is None:
+        raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
+    return method.build(**settings)
+
+
+def method_table() -> str:
+    """The Markdown table of every registered method (docs/evaluation.md holds a copy, checked by a test)."""
+    rows = ["| method | acts | what it keeps | needs | in the default list |", "|---|---|---|---|---|"]
+    for m in _REGISTERED:
+        rows.append(
+            f"| `{m.name}` | {m.acts} | {m.summary} | {m.needs or '–'} | {'yes' if m.default else 'no'} |"
+        )
+    return "\n".join(rows)
