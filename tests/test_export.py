@@ -48,7 +48,7 @@ def test_checkpoint_of_another_configuration_is_refused(checkpoint):
 
 
 def test_export_missing_checkpoint(tmp_path):
-    from lkv.train.export import export
+    from lkv.commands.export import export
 
     with pytest.raises(FileNotFoundError, match="nope.ckpt"):
         export(str(tmp_path / "nope.ckpt"), str(tmp_path / "out"))
