@@ -42,6 +42,7 @@ TOKENS_NOTE = (
     "Step = budget C (KV entries kept per head). FullKV keeps the whole cache and is drawn at every budget "
     "as a flat reference line."
 )
+SESSION_SUFFIX = ".session"  # event files that `rewrite_session` owns
 RATIO_NOTE = (
     "Step = budget as a ratio of the prompt × 1000 (250 = a quarter of the prompt's KV entries kept). "
     "FullKV is drawn at every budget as a flat reference line."
@@ -195,3 +196,27 @@ def hparams_session(
     }
     experiment, start, end = hparams(values, dict.fromkeys(metrics, 0.0), discrete)
     return [experiment, start, end]
+
+
+def rewrite_session(
+    run: str | Path,
+    params: Mapping[str, Any],
+    metrics: Sequence[str],
+    scalars: Mapping[str, float],
+    domains: Mapping[str, Sequence[Any]] | None = None,
+) -> None:
+    """(Re)write the one event file of ``run`` that this function owns (suffix ``.session``): an HParams
+    session (:func:`hparams_session`) and ``scalars`` at step 0 — results measured outside the run's own
+    logging, e.g. a sweep point's eval scores. Earlier ``.session`` files of ``run`` are removed first, so a
+    rewrite never adds points; the run's other event files are left alone."""
+    run = Path(run)
+    for old in run.glob(f"events.out.tfevents.*{SESSION_SUFFIX}"):
+        old.unlink()
+    writer = FileWriter(str(run), filename_suffix=SESSION_SUFFIX)
+    try:
+        for summary in hparams_session(params, metrics, domains):
+            writer.add_summary(summary, 0)
+        for tag, value in scalars.items():
+            writer.add_summary(scalar(tag, value), 0)
+    finally:
+        writer.close()
