@@ -18,7 +18,7 @@ from lkv.cli import main as lkv_main
 from lkv.commands.sweep import grid_points, point_config, point_name, set_key
 from tests.conftest import build_tiny_model
 from tests.test_datamodule import make_label_folder
-from tests.test_tensorboard import hparams_plugin_data, points_per_step
+from tests.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,10 +108,10 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     assert {"val/kendall_tau", "val/kl", "eval/importance/recall@4", "cost/overhead", "cost/fit_s"} <= set(
         metrics
     )
-    assert set(metrics) <= set(events.Tags()["scalars"])
-    assert events.Scalars("eval/importance/recall@4")[0].value == pytest.approx(
-        float(rows[-1]["eval/importance/recall@4"]), rel=1e-5
-    )
+    assert set(metrics) <= set(scalars(events))
+    assert curve(events, "eval/importance/recall@4") == [
+        (0, pytest.approx(float(rows[-1]["eval/importance/recall@4"]), rel=1e-5))
+    ]
     # the fit's last logged recall is the one the summary reports
     result = json.loads((point / "result.json").read_text())
     assert float(rows[-1]["val/recall@4"]) == pytest.approx(result["metrics"]["val/recall@4"], rel=1e-5)

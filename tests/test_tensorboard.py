@@ -9,6 +9,7 @@ from typing import Any
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar.layout_pb2 import Layout
 from tensorboard.plugins.hparams import metadata as hparams_metadata
+from tensorboard.util.tensor_util import make_ndarray
 
 from lkv.eval.report import write_report
 from lkv.eval.tensorboard import write_eval_runs
@@ -67,12 +68,28 @@ def runs(root: Path) -> dict[str, EventAccumulator]:
 
 
 def points_per_step(root: Path) -> Counter:
-    """Number of scalar points per (run, tag, step) under ``root``."""
+    """Number of scalar points per (run, tag, step) under ``root``, old-style (``simple_value``) and
+    tensor scalars alike."""
     counts: Counter = Counter()
     for run, events in runs(root).items():
         for tag in events.Tags()["scalars"]:
             counts.update((run, tag, e.step) for e in events.Scalars(tag))
+        for tag in events.Tags()["tensors"]:
+            counts.update((run, tag, e.step) for e in events.Tensors(tag))
     return counts
+
+
+def scalars(events: EventAccumulator) -> list[str]:
+    """Tags of the scalar plugin's series in a run (tensor scalars and old-style ones)."""
+    tensors = [
+        t for t in events.Tags()["tensors"] if events.SummaryMetadata(t).plugin_data.plugin_name == "scalars"
+    ]
+    return sorted([*events.Tags()["scalars"], *tensors])
+
+
+def curve(events: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of a tensor scalar series, values rounded to 6 digits."""
+    return [(e.step, round(make_ndarray(e.tensor_proto).item(), 6)) for e in events.Tensors(tag)]
 
 
 def test_a_regenerated_report_adds_no_duplicate_points(tmp_path):
@@ -121,17 +138,15 @@ def test_methods_are_runs_that_share_tags_with_the_budget_as_step(tmp_path):
     found = runs(tmp_path / "eval")
     assert set(found) == {"fullkv", "snapkv", "lookaheadkv"}
     for method, events in found.items():
-        assert set(events.Tags()["scalars"]) == {
-            "niah/aware/score",
-            "interval/niah/aware/score/low",
+        assert scalars(events) == [
             "interval/niah/aware/score/high",
-        }
-        curve = [(e.step, round(e.value, 6)) for e in events.Scalars("niah/aware/score")]
+            "interval/niah/aware/score/low",
+            "niah/aware/score",
+        ]
         expected = {"fullkv": [(64, 1.0), (128, 1.0)], "snapkv": [(64, 0.5), (128, 0.7)]}
-        assert curve == expected.get(method, [(64, 0.8), (128, 0.9)])
+        assert curve(events, "niah/aware/score") == expected.get(method, [(64, 0.8), (128, 0.9)])
         assert "budget C" in events.SummaryMetadata("niah/aware/score").summary_description
-    low = [(e.step, round(e.value, 6)) for e in found["snapkv"].Scalars("interval/niah/aware/score/low")]
-    assert low == [(64, 0.4), (128, 0.6)]
+    assert curve(found["snapkv"], "interval/niah/aware/score/low") == [(64, 0.4), (128, 0.6)]
     charts = {c.title: c for category in layout(found["snapkv"]).category for c in category.chart}
     margin = charts["aware/score"].margin.series[0]
     assert (margin.value, margin.lower, margin.upper) == (
@@ -144,7 +159,7 @@ def test_methods_are_runs_that_share_tags_with_the_budget_as_step(tmp_path):
 def test_cells_without_an_interval_get_line_charts_and_no_bounds(tmp_path):
     write_eval_runs(cells(with_interval=False), tmp_path / "eval")
     events = runs(tmp_path / "eval")["snapkv"]
-    assert events.Tags()["scalars"] == ["niah/aware/score"]
+    assert scalars(events) == ["niah/aware/score"]
     [chart] = [c for category in layout(events).category for c in category.chart]
     assert chart.WhichOneof("content") == "multiline"
     assert list(chart.multiline.tag) == [r"^niah/aware/score$"]
@@ -157,8 +172,8 @@ def test_ratio_budgets_get_their_own_tags_in_thousandths(tmp_path):
     ]
     write_eval_runs(summary, tmp_path / "eval")
     events = runs(tmp_path / "eval")["snapkv"]
-    assert [(e.step, e.value) for e in events.Scalars("niah/aware/score")] == [(64, 0.5)]
-    assert [(e.step, e.value) for e in events.Scalars("niah/aware/score_ratio")] == [(64, 0.25)]
+    assert curve(events, "niah/aware/score") == [(64, 0.5)]
+    assert curve(events, "niah/aware/score_ratio") == [(64, 0.25)]
     assert "× 1000" in events.SummaryMetadata("niah/aware/score_ratio").summary_description
 
 
@@ -191,7 +206,7 @@ def test_a_fit_names_its_validation_metrics_in_hparams_and_captions_its_image(
     events = EventAccumulator(str(tmp_path / "tb" / "version_0"), size_guidance={"images": 0}).Reload()
     metrics, params = hparams_plugin_data(events)
     assert metrics == ["val/kl", "val/recall@4", "val/recall@8", "val/kendall_tau"]
-    assert set(metrics) <= set(events.Tags()["scalars"])  # the values the HParams tab shows
+    assert set(metrics) <= set(scalars(events))  # the values the HParams tab shows
     assert params["model.num_lookahead"] == 4 and params["model.eval_budgets"] == "4+8"
     assert params["data.val"] == str(label_folders["val"])
 

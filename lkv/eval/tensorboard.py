@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.util.tensor_util import make_tensor_proto
 from torch.utils.tensorboard.summary import custom_scalars, hparams, image
 from torch.utils.tensorboard.writer import FileWriter
 
@@ -50,10 +52,14 @@ RATIO_NOTE = (
 
 
 def scalar(tag: str, value: float, description: str = "") -> Summary:
-    """A scalar summary with a card description (TensorBoard shows it under the card's info icon)."""
-    metadata = SummaryMetadata(summary_description=description)
-    metadata.plugin_data.plugin_name = "scalars"
-    return Summary(value=[Summary.Value(tag=tag, simple_value=float(value), metadata=metadata)])
+    """A scalar summary with a card description (TensorBoard shows it under the card's info icon).
+
+    Written as a tensor with the scalars plugin's metadata (TensorBoard's own summary format): TensorBoard's
+    default (Rust) loader drops the description of old-style ``simple_value`` scalars.
+    """
+    metadata = scalar_metadata.create_summary_metadata(display_name=tag, description=description)
+    tensor = make_tensor_proto(np.float32(value))
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
 
 
 def figure_summary(tag: str, fig: Figure, description: str) -> Summary:
@@ -103,7 +109,7 @@ def eval_points(summary: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[st
                     )
             continue
         shown = budgets.get((task, setting), set()) if cell["budget"] == FULL else {cell["budget"]}
-        for budget in shown:
+        for budget in sorted(shown, key=float):
             suffix, step = _budget_axis(budget)
             note = TOKENS_NOTE if not suffix else RATIO_NOTE
             for name in _metrics(cell):
