@@ -61,7 +61,9 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
         "niah_heatmap_aware.png",
         "niah_heatmap_agnostic.png",
     }
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert {p.parent.name for p in (out / "tensorboard" / "eval").glob("*/events.out.tfevents.*")} == set(
+        presses
+    )
 
     # Rerun: every row is done, so nothing is even prefilled.
     def refuse(*args, **kwargs):

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
 from lkv.commands.sweep import grid_points, point_config, point_name, set_key
 from tests.conftest import build_tiny_model
 from tests.test_datamodule import make_label_folder
+from tests.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,9 +99,19 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     assert ran["model"]["num_lookahead"] == 4 and ran["model"]["lora_targets"] == ["q_proj", "v_proj"]
     assert ran["model"]["lr"] == 0.01
     assert ran["trainer"]["callbacks"][0]["init_args"]["dirpath"] == str(point / "checkpoints")
-    # every point has its own TensorBoard run, and its hyper-parameters are the point's
-    hparams = yaml.safe_load((out / "tensorboard" / point.name / "fit" / "hparams.yaml").read_text())
-    assert hparams["num_lookahead"] == 4
+    # every point has its own TensorBoard run, whose HParams session holds the point's grid values and
+    # names its fit, eval and cost results, which the run holds as scalars
+    events = EventAccumulator(str(out / "tensorboard" / point.name / "fit")).Reload()
+    metrics, params = hparams_plugin_data(events)
+    assert params == {"model.num_lookahead": 4, "model.lora_targets": "q_proj+v_proj"}
+    assert metrics[0] == "val/recall@4"
+    assert {"val/kendall_tau", "val/kl", "eval/importance/recall@4", "cost/overhead", "cost/fit_s"} <= set(
+        metrics
+    )
+    assert set(metrics) <= set(scalars(events))
+    assert curve(events, "eval/importance/recall@4") == [
+        (0, pytest.approx(float(rows[-1]["eval/importance/recall@4"]), rel=1e-5))
+    ]
     # the fit's last logged recall is the one the summary reports
     result = json.loads((point / "result.json").read_text())
     assert float(rows[-1]["val/recall@4"]) == pytest.approx(result["metrics"]["val/recall@4"], rel=1e-5)
@@ -111,6 +123,9 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     lkv_main(["sweep", "--config", str(tmp_path / "sweep.yaml")])
     assert len(fits) == 4 and "0 run now, 4 already done" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in out.glob("points/*/checkpoints/last.ckpt")} == mtimes
+    # the rerun rewrote the sessions: still one point per (run, tag, step)
+    counts = points_per_step(out / "tensorboard")
+    assert counts and {key: n for key, n in counts.items() if n != 1} == {}
 
 
 def test_grid_and_keys():
@@ -142,8 +157,9 @@ def test_point_config_redirects_checkpoints_and_logs(tmp_path):
     assert config["trainer"]["callbacks"] == [
         {**checkpoint, "init_args": {"monitor": "m", "dirpath": dirpath, "save_last": True}}
     ]
-    logger = {"save_dir": str(tmp_path / "tb"), "name": "p", "version": "fit"}
+    logger = {"save_dir": str(tmp_path / "tb"), "name": "p", "version": "fit", "default_hp_metric": False}
     assert config["trainer"]["logger"]["init_args"] == logger
+    assert config["trainer"]["enable_autolog_hparams"] is False  # the sweep writes the HParams session
 
 
 def test_point_config_refuses_a_non_tensorboard_logger(tmp_path):

@@ -67,7 +67,7 @@ def fit_config(train_config: str, labels: Path, output: Path, max_epochs: int | 
     trainer["default_root_dir"] = str(output / "fit")
     trainer["logger"] = {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {"save_dir": str(output / "tensorboard"), "name": "fit"},
+        "init_args": {"save_dir": str(output / "tensorboard"), "name": "fit", "default_hp_metric": False},
     }
     if max_epochs is not None:
         trainer["max_epochs"] = max_epochs

@@ -18,7 +18,8 @@ Output folder (``output``)::
     points/<point>/eval/          its ``lkv eval`` folder (with ``eval_config``)
     points/<point>/result.json    values, final logged metrics, eval scores, timings — written last: a point
                                   whose result exists is skipped by a rerun
-    tensorboard/<point>/fit/      one TensorBoard run per point
+    tensorboard/<point>/fit/      one TensorBoard run per point: the fit's curves and an HParams session with
+                                  the point's grid values and results (``val/*``, ``eval/*``, ``cost/*``)
 
 Summary folder (``summary_dir``, default ``output``): ``summary.csv``, ``summary.md`` (a table of every
 point and a ``group × size`` table of ``score``), ``results/<point>.json`` and
@@ -51,6 +52,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lkv.commands.eval import evaluate
 from lkv.core.generation import prefill
 from lkv.eval.report import NO_BUDGET
+from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.perf.timing import Case, time_interleaved
 from lkv.train.export import resolve_adapter
@@ -131,9 +133,12 @@ def point_config(base: dict[str, Any], values: dict[str, Any], folder: Path, log
         raise ValueError(f"trainer.logger: a sweep needs one TensorBoardLogger, found {logger!r}")
     logger["init_args"] = {
         **logger.get("init_args", {}),
-        **{"save_dir": str(logs.parent), "name": logs.name, "version": "fit"},
+        **{"save_dir": str(logs.parent), "name": logs.name, "version": "fit", "default_hp_metric": False},
     }
     trainer["logger"] = logger
+    # The sweep writes the run's HParams session itself, with the grid's axes and the eval and cost results
+    # (`write_sessions`); the fit's own session, with its module settings only, would shadow it.
+    trainer["enable_autolog_hparams"] = False
     callbacks = trainer.setdefault("callbacks", []) or []
     checkpoints = [
         c
@@ -265,6 +270,33 @@ def run_point(
 
 # ---------------------------------------------------------------------------------------------------------
 # Summary
+
+
+def write_sessions(
+    results: list[dict[str, Any]], logs: Path, grid: dict[str, Sequence[Any]], score: str
+) -> None:
+    """An HParams session in every finished point's run ``logs/<point>/fit``: the grid values as
+    hyper-parameters (the grid as their domains), and as metrics ``score`` first, then every ``val/*`` and
+    ``eval/*`` result and the cost figures. ``val/*`` values are the fit's own scalars; ``eval/*`` scores
+    and ``cost/<figure>`` (``overhead``, ``lookahead_ms``, ``prefill_ms``, ``fit_s``) are written beside them.
+    Rewritten whole each time, so every point shows the same metric columns."""
+    extras = [
+        {
+            **{k: v for k, v in r["metrics"].items() if k.startswith("eval/")},
+            **{f"cost/{k}": v for k, v in {**r.get("cost", {}), "fit_s": r["fit_s"]}.items()},
+        }
+        for r in results
+    ]
+    names = dict.fromkeys(
+        k
+        for r, extra in zip(results, extras, strict=True)
+        for k in [*r["metrics"], *extra]
+        if k.startswith(("val/", "eval/", "cost/"))
+    )
+    metrics = [score, *sorted(n for n in names if n != score)] if score in names else sorted(names)
+    for result, extra in zip(results, extras, strict=True):
+        run = logs / result["point"] / "fit"
+        rewrite_session(run, result["values"], metrics, extra, domains=grid)
 
 
 def _fmt(value: Any) -> str:
@@ -448,5 +480,7 @@ def sweep(
                 run_point(values, config, out, eval_config, overhead_tokens, overhead_repeats, device)
             )
             ran += 1
+            write_sessions(results, out / "tensorboard", grid, score)
+    write_sessions(results, out / "tensorboard", grid, score)
     summary = write_summary(results, Path(summary_dir or out), grid, score, size_key, group_key)
     return f"lkv sweep: {len(points)} points ({ran} run now, {len(points) - ran} already done); summary: {summary}"

@@ -1,4 +1,4 @@
-"""Reports of ``lkv eval`` results: summary CSV, markdown tables, PNG plots and TensorBoard scalars.
+"""Reports of ``lkv eval`` results: summary CSV, markdown tables, PNG plots and TensorBoard runs.
 
 ``write_report(rows, folder)`` turns the rows of ``results.jsonl`` into::
 
@@ -7,7 +7,8 @@
                                    the importance table, links to the plots
     plots/<task>_<setting>.png     main metric vs budget, one line per method (FullKV dashed)
     plots/niah_heatmap_<setting>.png   needle depth × context length, one panel per method and budget
-    tensorboard/                   scalars ``<task>/<setting>/<method>`` with the budget as the step
+    tensorboard/eval/<method>/     one run per method, tags ``<task>/<setting>/<metric>`` with the budget
+                                   as the step (see :mod:`lkv.eval.tensorboard`)
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-FULL = "full"  # budget column of FullKV rows
-NO_BUDGET = "-"  # budget column of importance rows (one row carries every C)
+from lkv.eval.tensorboard import FULL, NO_BUDGET, write_eval_runs
+
 SETTING_NAMES = {"aware": "question-aware", "agnostic": "question-agnostic"}
 
 
@@ -219,35 +220,6 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def write_tensorboard(summary: Sequence[dict[str, Any]], log_dir: Path) -> None:
-    """Scalars ``<task>/<setting>/<method>`` (step = budget; ratio budgets in thousandths) and
-    ``importance/<metric>/<method>`` (step 0). FullKV is written at every budget of its task and setting."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(log_dir=str(log_dir))
-    try:
-        for entry in summary:
-            if entry["budget"] == NO_BUDGET:
-                for name, value in entry.items():
-                    if name.startswith("recall@") or name == "kendall_tau":
-                        writer.add_scalar(f"{entry['task']}/{name}/{entry['method']}", value, 0)
-                continue
-            tag = f"{entry['task']}/{entry['setting']}/{entry['method']}"
-            if entry["budget"] == FULL:
-                steps = {
-                    e["budget"]
-                    for e in summary
-                    if (e["task"], e["setting"]) == (entry["task"], entry["setting"]) and e["budget"] != FULL
-                }
-            else:
-                steps = {entry["budget"]}
-            for step in steps:
-                value = float(step)
-                writer.add_scalar(tag, entry["score"], int(value) if value >= 1 else round(1000 * value))
-    finally:
-        writer.close()
-
-
 def write_report(
     rows: Sequence[dict[str, Any]],
     folder: str | Path,
@@ -256,7 +228,7 @@ def write_report(
     notes: Sequence[str] = (),
     appendix: Sequence[str] = (),
 ) -> Path:
-    """Write summary.csv, report.md, plots/ and tensorboard/ into ``folder``; returns report.md's path.
+    """Write summary.csv, report.md, plots/ and tensorboard/eval/ into ``folder``; returns report.md's path.
 
     Args:
         rows: result rows (``results.jsonl``).
@@ -270,7 +242,7 @@ def write_report(
     write_csv(summary, folder / "summary.csv")
     plots = plot_budget_curves(summary, folder / "plots", methods)
     plots += plot_niah_heatmaps(rows, folder / "plots", methods)
-    write_tensorboard(summary, folder / "tensorboard")
+    write_eval_runs(summary, folder / "tensorboard" / "eval")
     parts = [f"# {title}", "", *notes, "" if notes else "", markdown_tables(summary, methods), "## Plots", ""]
     parts += [f"![{p.stem}](plots/{p.name})" for p in plots]
     parts += [

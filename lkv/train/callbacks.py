@@ -7,6 +7,7 @@ reference line) is part of :class:`lkv.train.module.LookaheadKVModule` itself, n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib import rc_context
 from matplotlib.colors import LogNorm
 
 # pyplot-free figures: no GUI backend is selected and nothing global is left open.
 from matplotlib.figure import Figure
 
+from lkv.eval.tensorboard import figure_summary
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
 # Colour floor of the heat maps: importance below 1e-5 (of a row summing to 1) shows as the lowest colour.
@@ -26,33 +29,38 @@ _FLOOR = 1e-5
 
 
 def importance_figure(scores: dict[str, torch.Tensor], title: str) -> Figure:
-    """Line plot (mean over layers and KV heads) and layer × position heat maps (mean over KV heads).
+    """Line plot (mean over layers and KV heads) and layer × position heat maps (mean over KV heads), two
+    panels a row, 640 px wide at 100 dpi with 10-11 pt text: legible in a TensorBoard image card as it is.
 
     Args:
         scores: name → ``(layers, kv_heads, S)`` importance, each row summing to 1 (e.g. ``true``,
             ``lookahead``, ``snapkv``).
-        title: figure title (the prompt's id).
+        title: figure title (the prompt's id, step and split).
     """
     names = list(scores)
-    fig = Figure(figsize=(4 * len(names), 7), layout="constrained")
-    grid = fig.add_gridspec(2, len(names), height_ratios=[1, 1.3])
-    line = fig.add_subplot(grid[0, :])
-    for name in names:
-        line.plot(scores[name].float().mean(dim=(0, 1)).cpu().numpy(), label=name, linewidth=0.8)
-    line.set_yscale("log")
-    line.set_xlabel("prompt position")
-    line.set_ylabel("importance (mean over layers, heads)")
-    line.legend(loc="upper right")
-    line.set_title(title)
-    maps = {name: s.float().mean(dim=1).clamp_min(_FLOOR).cpu().numpy() for name, s in scores.items()}
-    norm = LogNorm(vmin=_FLOOR, vmax=max(m.max() for m in maps.values()))
-    for col, name in enumerate(names):
-        ax = fig.add_subplot(grid[1, col])
-        image = ax.imshow(maps[name], aspect="auto", interpolation="nearest", norm=norm, cmap="magma")
-        ax.set_title(name)
-        ax.set_xlabel("prompt position")
-        ax.set_ylabel("layer")
-    fig.colorbar(image, ax=fig.axes[1:], shrink=0.8, label="importance (mean over heads)")
+    rows = math.ceil((1 + len(names)) / 2)
+    with rc_context({"font.size": 10}):
+        fig = Figure(figsize=(6.4, 2.9 * rows), dpi=100, layout="constrained")
+        line = fig.add_subplot(rows, 2, 1)
+        for name in names:
+            line.plot(scores[name].float().mean(dim=(0, 1)).cpu().numpy(), label=name, linewidth=0.8)
+        line.set_yscale("log")
+        line.set_xlabel("prompt position")
+        line.set_ylabel("importance (mean)")
+        line.legend(loc="upper right", fontsize=8)
+        line.set_title("mean over layers, heads")
+        maps = {name: s.float().mean(dim=1).clamp_min(_FLOOR).cpu().numpy() for name, s in scores.items()}
+        norm = LogNorm(vmin=_FLOOR, vmax=max(m.max() for m in maps.values()))
+        axes = []
+        for index, name in enumerate(names, 2):
+            ax = fig.add_subplot(rows, 2, index)
+            image = ax.imshow(maps[name], aspect="auto", interpolation="nearest", norm=norm, cmap="magma")
+            ax.set_title(name)
+            ax.set_xlabel("prompt position")
+            ax.set_ylabel("layer")
+            axes.append(ax)
+        fig.colorbar(image, ax=axes, shrink=0.8, label="importance (mean over heads)")
+        fig.suptitle(title, fontsize=11)
     return fig
 
 
@@ -61,7 +69,8 @@ class ImportanceImages(L.Callback):
 
     Reads the scores that :meth:`LookaheadKVModule.validation_step` returns for batch ``batch_index``
     (the validation set is not shuffled, so it is the same prompt every time) and writes them to every
-    TensorBoard logger under ``val/importance``. Global rank 0 only; skipped during the sanity check.
+    TensorBoard logger under ``val/importance``, captioned (in the figure and in the card's description)
+    with the prompt id, the step and the split. Global rank 0 only; skipped during the sanity check.
 
     Args:
         batch_index: which validation batch to plot.
@@ -90,9 +99,12 @@ class ImportanceImages(L.Callback):
         if not loggers:
             return
         sample_id = scores.pop("id")
-        fig = importance_figure(scores, f"{sample_id} (step {trainer.global_step})")
+        folder = getattr(trainer.datamodule, "hparams", {}).get("val")
+        split = "validation" + (f" ({folder})" if folder else "")
+        caption = f"prompt {sample_id} · step {trainer.global_step} · {split}"
+        summary = figure_summary("val/importance", importance_figure(scores, caption), caption)
         for logger in loggers:
-            logger.experiment.add_figure("val/importance", fig, global_step=trainer.global_step, close=False)
+            logger.experiment.file_writer.add_summary(summary, trainer.global_step)
 
 
 class NeedleEval(L.Callback):

@@ -2,7 +2,8 @@
 
 Configs have a ``model:`` (the module's arguments), a ``data:`` (the label folders) and a ``trainer:``
 section; ``lkv fit --config configs/smollm2_135m.yaml --print_config`` shows every setting without
-loading any weights. TensorBoard is the default logger.
+loading any weights. TensorBoard is the default logger; every fit run carries an HParams session that ranks
+it by its last ``val/recall@C``, ``val/kendall_tau`` and ``val/kl``.
 
 ``lkv fit --config X.yaml --ckpt_path last`` is one command for a first run and for every restart after
 an interruption: with no checkpoint yet it starts from scratch, otherwise it resumes from ``last.ckpt`` at
@@ -138,7 +139,8 @@ def lightning_main(args: list[str]) -> None:
         trainer_defaults={
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": "runs"},
+                # the module names its own HParams metrics (LookaheadKVModule.on_fit_start)
+                "init_args": {"save_dir": "runs", "default_hp_metric": False},
             },
             # a config that sets `trainer.plugins` replaces this: list AtomicCheckpointIO there too
             "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},

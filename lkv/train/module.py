@@ -10,6 +10,8 @@ Per sample (docs/design.md §1, "Two-phase training step"):
 
 Validation adds SnapKV's scores from an observation-window capture taken during the same prefill, and
 logs ``val/kl``, ``val/recall@C``, ``val/kendall_tau``, ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau``.
+A fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`), so
+the HParams tab ranks runs by their last validation values.
 Checkpoints hold only the trainable weights (and optimiser state); the frozen LLM is reloaded by
 :meth:`configure_model`.
 """
@@ -20,6 +22,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from transformers.optimization import (
     get_constant_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -29,6 +32,7 @@ from lkv.core.attention import ImportanceCapture
 from lkv.core.generation import prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.eval.tensorboard import hparams_session
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
 from lkv.model.lookahead import LookaheadAdapter
@@ -171,6 +175,26 @@ class LookaheadKVModule(L.LightningModule):
 
     def test_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.test_metrics, self.test_snapkv)
+
+    def hparams_metrics(self) -> list[str]:
+        """The validation metrics that rank fit runs in TensorBoard's HParams tab."""
+        return ["val/kl", *(f"val/recall@{c}" for c in self.hparams.eval_budgets), "val/kendall_tau"]
+
+    def on_fit_start(self) -> None:
+        # An HParams session (model.* and data.* settings, named metrics) in every TensorBoard run. Written
+        # before Lightning's own hyper-parameter logging: TensorBoard keeps a run's first session, so a
+        # logger left with `default_hp_metric` still shows these metrics, not its `hp_metric` placeholder.
+        # A trainer with `enable_autolog_hparams: false` (`lkv sweep` points, which log their own) gets none.
+        if not (self.trainer.enable_autolog_hparams and self.trainer.is_global_zero):
+            return
+        params = {f"model.{k}": v for k, v in self.hparams.items() if not k.startswith("_")}
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            params |= {f"data.{k}": v for k, v in datamodule.hparams.items() if not k.startswith("_")}
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                for summary in hparams_session(params, self.hparams_metrics()):
+                    logger.experiment.file_writer.add_summary(summary)
 
     def on_train_epoch_start(self) -> None:
         datamodule = self.trainer.datamodule

@@ -1,0 +1,228 @@
+"""TensorBoard event files: `lkv eval` runs per method, HParams sessions, captioned figures.
+
+Everything here writes plain TensorBoard protos through torch's event writer; nothing imports Lightning.
+
+Eval runs (:func:`write_eval_runs`), one run per method so that TensorBoard overlays the methods on each
+card::
+
+    <log_dir>/<method>/   tags <task>/<setting>/<metric>          step = budget C (KV entries kept per head)
+                          tags <task>/<setting>/<metric>_ratio    step = ratio budget × 1000
+                          tags interval/<task>/<setting>/score/{low,high}   95 % interval of the cell's score
+                          tags <task>/recall    (importance rows)  step = C of Recall@C
+                          the custom_scalars layout: one category per task, a margin chart (score with its
+                          interval) or a line chart per setting and metric
+
+FullKV has no budget: it is written at every budget of its task and setting, a flat reference line. The
+folder is rebuilt whole and swapped in, so a report regenerated from the same results leaves exactly one
+point per (run, tag, step).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+from tensorboard.util.tensor_util import make_tensor_proto
+from torch.utils.tensorboard.summary import custom_scalars, hparams, image
+from torch.utils.tensorboard.writer import FileWriter
+
+FULL = "full"  # budget of FullKV cells (no eviction)
+NO_BUDGET = "-"  # budget of importance cells (one cell carries every Recall@C)
+# Keys of a summary cell that are not metrics.
+CELL_KEYS = ("task", "setting", "method", "budget", "n", "ci_low", "ci_high")
+TOKENS_NOTE = (
+    "Step = budget C (KV entries kept per head). FullKV keeps the whole cache and is drawn at every budget "
+    "as a flat reference line."
+)
+SESSION_SUFFIX = ".session"  # event files that `rewrite_session` owns
+RATIO_NOTE = (
+    "Step = budget as a ratio of the prompt × 1000 (250 = a quarter of the prompt's KV entries kept). "
+    "FullKV is drawn at every budget as a flat reference line."
+)
+
+
+def scalar(tag: str, value: float, description: str = "") -> Summary:
+    """A scalar summary with a card description (TensorBoard shows it under the card's info icon).
+
+    Written as a tensor with the scalars plugin's metadata (TensorBoard's own summary format): TensorBoard's
+    default (Rust) loader drops the description of old-style ``simple_value`` scalars.
+    """
+    metadata = scalar_metadata.create_summary_metadata(display_name=tag, description=description)
+    tensor = make_tensor_proto(np.float32(value))
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
+
+
+def figure_summary(tag: str, fig: Figure, description: str) -> Summary:
+    """An image summary of ``fig`` at its own size (pixels = inches × dpi), with a card description."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    pixels = np.asarray(canvas.buffer_rgba())[..., :3]  # (height, width, 3) uint8
+    summary = image(tag, pixels, dataformats="HWC")
+    summary.value[0].metadata.summary_description = description
+    return summary
+
+
+def _budget_axis(budget: str) -> tuple[str, int]:
+    """Tag suffix and step of a budget: whole tokens as they are, ratios (< 1) in thousandths of the prompt."""
+    value = float(budget)
+    return ("", int(value)) if value >= 1 else ("_ratio", round(1000 * value))
+
+
+def _metrics(cell: Mapping[str, Any]) -> list[str]:
+    return [k for k, v in cell.items() if k not in CELL_KEYS and isinstance(v, int | float)]
+
+
+def eval_points(summary: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[str, int, float, str]]]:
+    """The points of :func:`write_eval_runs`: method → ``(tag, step, value, description)``.
+
+    Args:
+        summary: cells of :func:`lkv.eval.report.summarize` (one per task, setting, method and budget), each
+            with ``score`` and its metrics; with ``ci_low`` and ``ci_high`` (same scale as ``score``) when
+            the cell's interval is known.
+    """
+    budgets: dict[tuple[str, str], set[str]] = {}
+    for cell in summary:
+        if cell["budget"] not in (FULL, NO_BUDGET):
+            budgets.setdefault((cell["task"], cell["setting"]), set()).add(cell["budget"])
+    points: dict[str, list[tuple[str, int, float, str]]] = {}
+    for cell in summary:
+        out = points.setdefault(cell["method"], [])
+        task, setting = cell["task"], cell["setting"]
+        if cell["budget"] == NO_BUDGET:  # importance: Recall@C over C, Kendall τ on its own
+            note = f"Ranking of {task} scores against the ground truth; step = budget C of Recall@C."
+            for name in _metrics(cell):
+                if name.startswith("recall@"):
+                    out.append((f"{task}/recall", int(name.split("@", 1)[1]), cell[name], note))
+                elif name == "kendall_tau":
+                    out.append(
+                        (f"{task}/kendall_tau", 0, cell[name], "Kendall τ-b against the ground truth.")
+                    )
+            continue
+        shown = budgets.get((task, setting), set()) if cell["budget"] == FULL else {cell["budget"]}
+        for budget in sorted(shown, key=float):
+            suffix, step = _budget_axis(budget)
+            note = TOKENS_NOTE if not suffix else RATIO_NOTE
+            for name in _metrics(cell):
+                out.append((f"{task}/{setting}/{name}{suffix}", step, cell[name], note))
+            if "ci_low" in cell and "ci_high" in cell:
+                interval = f"95 % interval of {task}/{setting}/score{suffix} over the cell's samples. {note}"
+                for bound in ("low", "high"):
+                    tag = f"interval/{task}/{setting}/score{suffix}/{bound}"
+                    out.append((tag, step, cell[f"ci_{bound}"], interval))
+    return points
+
+
+def eval_layout(points: Mapping[str, Sequence[tuple[str, int, float, str]]]) -> dict[str, dict[str, list]]:
+    """The custom_scalars layout of :func:`eval_points`: a category per task; per setting and metric a
+    margin chart (score between its interval bounds) when the interval was logged, else a line chart."""
+    tags = sorted({tag for rows in points.values() for tag, *_ in rows})
+    layout: dict[str, dict[str, list]] = {}
+    for tag in tags:
+        if tag.startswith("interval/"):
+            continue
+        task, _, rest = tag.partition("/")
+        chart = layout.setdefault(f"{task} (step = budget)", {})
+        low = f"interval/{tag}/low"
+        if low in tags:
+            chart[rest] = ["Margin", [tag, low, f"interval/{tag}/high"]]
+        else:
+            chart[rest] = ["Multiline", [f"^{re.escape(tag)}$"]]
+    return layout
+
+
+def write_eval_runs(summary: Sequence[Mapping[str, Any]], log_dir: str | Path) -> list[Path]:
+    """One TensorBoard run per method in ``log_dir`` (see the module docstring); returns the run folders.
+
+    The runs are written into a hidden folder beside ``log_dir`` and swapped in for the old one, so runs of
+    methods no longer in ``summary`` disappear and nothing is appended to earlier event files.
+    """
+    log_dir = Path(log_dir)
+    points = eval_points(summary)
+    layout = custom_scalars(eval_layout(points))
+    staging = log_dir.with_name(f".{log_dir.name}.{os.getpid()}.new")
+    shutil.rmtree(staging, ignore_errors=True)
+    for method, rows in points.items():
+        writer = FileWriter(str(staging / method))
+        try:
+            writer.add_summary(layout, 0)
+            for tag, step, value, description in rows:
+                if not math.isnan(value):
+                    writer.add_summary(scalar(tag, value, description), step)
+        finally:
+            writer.close()
+    staging.mkdir(parents=True, exist_ok=True)  # an empty summary still replaces the old runs
+    old = log_dir.with_name(f".{log_dir.name}.{os.getpid()}.old")
+    if log_dir.exists():
+        log_dir.rename(old)
+    staging.rename(log_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return [log_dir / method for method in points]
+
+
+def hparam_value(value: Any) -> str | float | int | bool:
+    """A value the HParams plugin can show: numbers, text and booleans as they are, lists joined by ``+``
+    (``[q_proj, v_proj]`` → ``q_proj+v_proj``), anything else as text."""
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return "+".join(str(hparam_value(v)) for v in value)
+    return str(value)
+
+
+def hparams_session(
+    params: Mapping[str, Any],
+    metrics: Iterable[str],
+    domains: Mapping[str, Sequence[Any]] | None = None,
+) -> list[Summary]:
+    """The HParams plugin's experiment, session-start and session-end summaries of one run.
+
+    The plugin takes each metric's value from the run's own scalar of that tag (its last step), so the
+    metrics are named here, never logged as extra points.
+
+    Args:
+        params: hyper-parameter name → value (passed through :func:`hparam_value`).
+        metrics: scalar tags that are this run's results, e.g. ``val/recall@64``.
+        domains: hyper-parameter name → every value it takes (a sweep's grid), shown as a discrete domain.
+    """
+    values = {name: hparam_value(v) for name, v in params.items()}
+    discrete = {
+        name: [hparam_value(v) for v in options]
+        for name, options in (domains or {}).items()
+        if name in values and all(type(hparam_value(v)) is type(values[name]) for v in options)
+    }
+    experiment, start, end = hparams(values, dict.fromkeys(metrics, 0.0), discrete)
+    return [experiment, start, end]
+
+
+def rewrite_session(
+    run: str | Path,
+    params: Mapping[str, Any],
+    metrics: Sequence[str],
+    scalars: Mapping[str, float],
+    domains: Mapping[str, Sequence[Any]] | None = None,
+) -> None:
+    """(Re)write the one event file of ``run`` that this function owns (suffix ``.session``): an HParams
+    session (:func:`hparams_session`) and ``scalars`` at step 0 — results measured outside the run's own
+    logging, e.g. a sweep point's eval scores. Earlier ``.session`` files of ``run`` are removed first, so a
+    rewrite never adds points; the run's other event files are left alone."""
+    run = Path(run)
+    for old in run.glob(f"events.out.tfevents.*{SESSION_SUFFIX}"):
+        old.unlink()
+    writer = FileWriter(str(run), filename_suffix=SESSION_SUFFIX)
+    try:
+        for summary in hparams_session(params, metrics, domains):
+            writer.add_summary(summary, 0)
+        for tag, value in scalars.items():
+            writer.add_summary(scalar(tag, value), 0)
+    finally:
+        writer.close()
