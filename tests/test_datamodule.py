@@ -8,6 +8,7 @@ import torch
 
 from lkv.core.generation import eos_ids
 from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.mix import LabelSource, MixedLabels, MixSampler, StreamedLabels, epoch_quotas
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
 from lkv.train.datamodule import LabelDataModule
@@ -108,3 +109,100 @@ def test_missing_folder_is_a_clear_error(tmp_path):
     dm = LabelDataModule(train=str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match="lkv label"):
         dm.setup("fit")
+
+
+def epochs_of(dm: LabelDataModule, epochs: int) -> list[list[str]]:
+    """Sample ids of ``epochs`` consecutive epochs (setting the epoch as Lightning and the module do)."""
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    out = []
+    for epoch in range(epochs):
+        dm.set_epoch(epoch)
+        if isinstance(loader.sampler, MixSampler):
+            loader.sampler.set_epoch(epoch)
+        out.append(ids_of(loader))
+    return out
+
+
+@pytest.fixture
+def two_sources(tiny_llama, tmp_path, monkeypatch) -> tuple[str, str]:
+    """Label folders ``a`` (6 rows, ids s0-*) and ``b`` (3 rows, ids s1-*) of the tiny Llama."""
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+    model, tokenizer = tiny_llama
+    a = make_label_folder(model, tokenizer, tmp_path / "a", num=6, seed=0, shard_size=4)
+    b = make_label_folder(model, tokenizer, tmp_path / "b", num=3, seed=1, shard_size=2)
+    return str(a), str(b)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_weighted_mix_draws_its_quotas_every_epoch_deterministically(two_sources, streaming):
+    # 9 rows, weights 1:2 -> 3 rows of `a` (a different 3 each epoch) and 6 of `b` (each row twice)
+    a, b = two_sources
+    settings = {"train": [a, b], "weights": [1.0, 2.0], "streaming": streaming, "shuffle_buffer": 4}
+    epochs = epochs_of(LabelDataModule(seed=3, **settings), 3)
+    for ids in epochs:
+        assert len(ids) == 9
+        from_a = [i for i in ids if i.startswith("s0-")]
+        assert len(from_a) == 3 and len(set(from_a)) == 3
+        assert sorted(i for i in ids if i.startswith("s1-")) == sorted(2 * [f"s1-{i}" for i in range(3)])
+    assert set(epochs[0]) != set(epochs[1])  # `a`'s subset changes per epoch
+    assert epochs_of(LabelDataModule(seed=3, **settings), 3) == epochs
+    assert epochs_of(LabelDataModule(seed=4, **settings), 1)[0] != epochs[0]
+    # without weights: every row of both folders once per epoch
+    unweighted = epochs_of(LabelDataModule(train=[a, b], streaming=streaming, seed=3), 1)[0]
+    assert sorted(unweighted) == sorted([f"s0-{i}" for i in range(6)] + [f"s1-{i}" for i in range(3)])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("weights", [None, [1.0, 2.0]])
+def test_every_rank_gets_the_same_number_of_rows(two_sources, world, weights):
+    # 9 rows (shards of 4+2 and 2+1) do not split evenly over 2 ranks, nor by shards over 3: equal shares
+    a, b = two_sources
+    sources = [LabelSource.open(a), LabelSource.open(b)]
+    quotas = epoch_quotas([s.rows for s in sources], weights)
+    mixed = MixedLabels(sources)
+    for epoch in (0, 1):
+        streamed, mapped = [], []
+        for rank in range(world):
+            stream = StreamedLabels(sources, quotas, rank, world, shuffle=True, seed=0, buffer=3)
+            stream.set_epoch(epoch)
+            rows = [row["id"] for row in stream]
+            assert len(rows) == len(stream) == sum(q // world for q in quotas)
+            streamed.append(rows)
+            sampler = MixSampler(mixed, quotas, world, rank, shuffle=True, seed=0)
+            sampler.set_epoch(epoch)
+            mapped.append(list(sampler))
+            assert len(mapped[-1]) == len(sampler) == sum(quotas) // world
+        assert len({len(rows) for rows in streamed}) == 1 and len({len(ids) for ids in mapped}) == 1
+        if weights is None:  # every row at most once per epoch over all ranks
+            everything = [i for rows in streamed for i in rows]
+            assert len(everything) == len(set(everything))
+            everything = [i for ids in mapped for i in ids]
+            assert len(everything) == len(set(everything)) and len(everything) >= 9 - (world - 1)
+
+
+def test_streamed_workers_split_a_rank_into_equal_parts(two_sources):
+    # two DataLoader workers per rank: still the rank's exact rows, once each
+    a, b = two_sources
+    sources = [LabelSource.open(a), LabelSource.open(b)]
+    quotas = epoch_quotas([s.rows for s in sources], None)
+    stream = StreamedLabels(sources, quotas, 1, 2, shuffle=True, seed=0, buffer=2)
+    alone = sorted(row["id"] for row in stream)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+    assert sorted(row["id"] for row in loader) == alone and len(alone) == 3 + 1
+
+
+def test_a_source_from_another_model_is_refused(tiny_llama, tiny_qwen, tmp_path):
+    llama, qwen = tiny_llama, tiny_qwen
+    make_label_folder(*llama, tmp_path / "chatqa", num=2)
+    make_label_folder(*qwen, tmp_path / "tulu", num=2)
+    dm = LabelDataModule(train=[str(tmp_path / "chatqa"), str(tmp_path / "tulu")])
+    with pytest.raises(ValueError, match=r"label folder .*tulu \(mixed with .*chatqa.*num_layers: 3 vs 2"):
+        dm.setup("fit")
+
+
+def test_bad_weights_are_refused_before_reading(tmp_path):
+    with pytest.raises(ValueError, match=r"data.weights: expected one weight per train folder \(2\), got 1"):
+        LabelDataModule(train=[str(tmp_path / "a"), str(tmp_path / "b")], weights=[1.0])
+    with pytest.raises(ValueError, match="data.weights: expected non-negative"):
+        LabelDataModule(train=[str(tmp_path / "a"), str(tmp_path / "b")], weights=[0.0, 0.0])

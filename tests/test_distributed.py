@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,25 @@ class RecordLosses(L.Callback):
             file.write(json.dumps(record) + "\n")
 
 
-def read_losses(folder: Path) -> dict[int, list[dict]]:
-    """``rank -> records`` written by :class:`RecordLosses`."""
+class RecordValidation(L.Callback):
+    """Appends one JSON line per validation run to ``{folder}/val-r{rank}.jsonl``: the global step and every
+    logged ``val/`` metric as this rank sees it."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"val-r{trainer.global_rank}.jsonl", "a") as file:
+            file.write(json.dumps({"step": trainer.global_step, "metrics": metrics}) + "\n")
+
+
+def read_losses(folder: Path, name: str = "losses") -> dict[int, list[dict]]:
+    """``rank -> records`` written by :class:`RecordLosses` (or ``name="val"``: :class:`RecordValidation`)."""
     return {
         int(path.stem.rsplit("-r", 1)[1]): [json.loads(line) for line in path.read_text().splitlines()]
-        for path in sorted(folder.glob("losses-r*.jsonl"))
+        for path in sorted(folder.glob(f"{name}-r*.jsonl"))
     }
 
 
@@ -94,12 +109,24 @@ def subprocess_env() -> dict[str, str]:
 
 
 def run_lkv(args: list[str], cwd: Path, timeout: float = 300) -> str:
-    """Run ``lkv ARGS`` to completion and return its output; fail the test on a non-zero exit."""
-    result = subprocess.run(
-        lkv_command(*args), cwd=cwd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    """Run ``lkv ARGS`` to completion and return its output; fail the test on a non-zero exit or when it
+    runs past ``timeout`` seconds (a hang: the whole process group, DDP ranks included, is killed)."""
+    process = subprocess.Popen(
+        lkv_command(*args),
+        cwd=cwd,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # Lightning's other ranks join this process group
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"`lkv {' '.join(args)}` exited {result.returncode}:\n{output[-4000:]}"
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"`lkv {' '.join(args)}` still ran after {timeout:.0f} s (a hang):\n{output[-4000:]}")
+    assert process.returncode == 0, f"`lkv {' '.join(args)}` exited {process.returncode}:\n{output[-4000:]}"
     return output
 
 
@@ -236,3 +263,46 @@ def test_two_process_fit_matches_one_process_with_the_same_global_batch(workspac
     assert single_weights.keys() == ddp_weights.keys()
     for name, weight in single_weights.items():
         torch.testing.assert_close(ddp_weights[name], weight, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_two_process_streamed_fit_with_uneven_rows_keeps_the_ranks_in_step(workspace, tmp_path):
+    # 9 training rows in 3 shards and 3 validation rows over 2 ranks: split naively, one rank streams 5
+    # training rows and the other 4, so with 2 micro-batches per step they disagree on the step count and
+    # their collectives pair up wrongly or hang. Each rank must stream floor(9 / 2) = 4 rows per epoch.
+    model, tokenizer = load_backbone(str(workspace / "model"))
+    make_label_folder(model, tokenizer, tmp_path / "train9", num=9, shard_size=3)
+    make_label_folder(model, tokenizer, tmp_path / "val3", num=3, seed=1, shard_size=2)
+    run = tmp_path / "ddp"
+    settings = fit_settings(workspace, run, max_steps=-1, accumulate=2, shuffle=True)
+    settings["trainer"].update({"max_epochs": 2, "check_val_every_n_epoch": 1})
+    settings["model"]["scheduler"] = "constant"  # (a stream without a length could not size a cosine)
+    settings["trainer"]["callbacks"].append(
+        {"class_path": "tests.test_distributed.RecordValidation", "init_args": {"folder": str(run)}}
+    )
+    settings["data"].update(
+        {
+            "train": str(tmp_path / "train9"),
+            "val": str(tmp_path / "val3"),
+            "streaming": True,
+            "shuffle_buffer": 2,
+        }
+    )
+    run.mkdir()
+    config = run / "fit.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    strategy = "--trainer.strategy=ddp_find_unused_parameters_true"
+    run_lkv(["fit", "--config", str(config), "--trainer.devices=2", strategy], cwd=tmp_path, timeout=240)
+    losses = read_losses(run)
+    assert sorted(losses) == [0, 1]
+    for rank, records in losses.items():
+        # 4 micro-batches per epoch, 2 per optimiser step: steps 0,1,1,2 | 2,3,3,4 as seen after each batch
+        assert [r["step"] for r in records] == [0, 1, 1, 2, 2, 3, 3, 4], rank
+    ids = [[i for r in losses[rank] for i in r["ids"]] for rank in (0, 1)]
+    # two epochs over the same 4-row slice per rank, disjoint between the ranks, reshuffled per epoch
+    for rank_ids in ids:
+        assert sorted(rank_ids[:4]) == sorted(rank_ids[4:]) and len(set(rank_ids)) == 4
+    assert not set(ids[0]) & set(ids[1])
+    validation = read_losses(run, "val")
+    assert [r["step"] for r in validation[0]] == [r["step"] for r in validation[1]] == [2, 4]
+    for first, second in zip(validation[0], validation[1], strict=True):
+        assert first["metrics"] and first["metrics"] == second["metrics"]

@@ -18,6 +18,7 @@ from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
+from tests.test_datamodule import make_label_folder
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 
@@ -189,6 +190,22 @@ def test_importance_rows_rank_each_method_against_the_labels(tiny_llama, tmp_pat
     assert row["metrics"]["recall@4"] == pytest.approx(topk_recall(scores, sample.target, 4).mean().item())
     assert row["metrics"]["kendall_tau"] == pytest.approx(kendall_tau_b(scores, sample.target).mean().item())
     assert row["score"] == row["metrics"]["recall@4"]
+
+
+def test_importance_of_a_responses_only_folder_computes_the_ground_truth_online(tiny_llama, tmp_path):
+    # `lkv label --store_scores false` (the paper configs' held-out folders): same rows as with scores
+    model, tokenizer = tiny_llama
+    presses = {"snapkv": make_method("snapkv", window=4), "tova": make_method("tova")}
+    metrics = {}
+    for store in (True, False):
+        folder = make_label_folder(model, tokenizer, tmp_path / f"labels-{store}", num=2, store_scores=store)
+        task = ImportanceTask(str(folder), budgets=(4, 8))
+        out = tmp_path / f"out-{store}"
+        rows = Evaluator(model, tokenizer, presses, [8], ["aware"], out, progress=False).run([task])
+        metrics[store] = {(r["sample"], r["method"]): r["metrics"] for r in rows}
+    assert len(metrics[False]) == 4 and metrics[False].keys() == metrics[True].keys()
+    for key, stored in metrics[True].items():
+        assert metrics[False][key] == pytest.approx(stored, abs=1e-6), key
 
 
 def test_with_protected_marks_kept_positions():

@@ -38,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import cache_bytes
 from lkv.core.generation import Sampling, crop_to, prefill
+from lkv.core.importance import response_importance
 from lkv.eval.report import FULL, NO_BUDGET
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
@@ -347,10 +348,14 @@ class Evaluator:
             ids = torch.tensor([label.prompt_ids], device=self.full.device)
             presses = {m: self.compressors[m].press for m in todo}
             shared = shared_prefill(self.model, ids, presses)
+            target = label.target
+            if target is None:  # a responses-only folder: the ground truth from this same prefill
+                response = torch.tensor([label.response_ids], device=self.full.device)
+                target = response_importance(self.model, shared.cache, shared.prompt_len, response).cpu()
             for method in todo:
                 scores, seconds = self._press_scores(method, shared)
                 scores = scores[0]
-                metrics = task.score(with_protected(scores, presses[method]).cpu(), label.target)
+                metrics = task.score(with_protected(scores, presses[method]).cpu(), target)
                 self.results.add(
                     {
                         "task": task.name,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import torch
-from datasets import Dataset, Features, IterableDataset, List, Value, load_dataset
+from datasets import Dataset, Features, List, Value, load_dataset
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
@@ -228,12 +228,11 @@ class ShardWriter:
         return final
 
 
-def load_labels(folder: str | Path, streaming: bool = False) -> Dataset | IterableDataset:
-    """Open every finished shard of a label folder as one ``datasets`` dataset.
+def shard_rows(folder: str | Path) -> list[tuple[Path, int]]:
+    """``(shard, rows)`` of every finished shard, in :func:`shard_files` order, from the parquet footers only.
 
-    ``streaming=True`` reads shards lazily (paper-scale label sets do not fit in memory). Each shard's
-    parquet footer and columns are checked first (a few KB per file), so a damaged or foreign file is
-    named before any training starts.
+    Each shard's footer and columns are checked (a few KB per file), so a damaged or foreign file is named
+    before any training starts.
 
     Raises:
         FileNotFoundError: no shards.
@@ -242,17 +241,29 @@ def load_labels(folder: str | Path, streaming: bool = False) -> Dataset | Iterab
     files = shard_files(folder)
     if not files:
         raise FileNotFoundError(f"{folder}: no label shards ({SHARD_GLOB}); run `lkv label` first")
-    meta = read_meta(folder)
-    schema = features(meta.score_dtype)
-    rows = sum(_check_shard(path, schema) for path in files)
-    if rows == 0:
+    schema = features(read_meta(folder).score_dtype)
+    counted = [(path, _check_shard(path, schema)) for path in files]
+    if sum(rows for _, rows in counted) == 0:
         raise ValueError(f"{folder}: expected labelled samples, found {len(files)} shards holding 0 rows")
+    return counted
+
+
+def load_labels(folder: str | Path) -> Dataset:
+    """Open every finished shard of a label folder as one map-style ``datasets`` dataset (memory-mapped
+    arrow; streamed reading is :class:`lkv.labels.mix.StreamedLabels`). The shards are checked first
+    (:func:`shard_rows`).
+
+    Raises:
+        FileNotFoundError: no shards.
+        ValueError: a shard that is not a readable label shard, or shards holding no rows at all.
+    """
+    files = [path for path, _ in shard_rows(folder)]
+    schema = features(read_meta(folder).score_dtype)
     try:
         return load_dataset(
             "parquet",
             data_files=[str(p) for p in files],
             split="train",
-            streaming=streaming,
             features=schema,
         )
     except Exception as err:

@@ -4,58 +4,78 @@ Each batch is a list of samples (variable prompt lengths, no padding): ``{"id": 
 long, "response_ids": (R,) long, "scores": (layers, kv_heads, S) float32 or None}``. ``scores`` is None for
 a responses-only folder (``store_scores=False``); the module then computes the ground truth online.
 
+Training may mix several label folders (one per prompt source, each with its own ``meta.json``), with
+optional sampling weights (:mod:`lkv.labels.mix`). Under DDP every rank gets exactly the same number of
+batches per epoch, map-style or streamed, whatever the row counts; the few rows that do not divide evenly
+are left out of that epoch.
+
 Loaders are torchdata ``StatefulDataLoader``s, whose position Lightning saves in every checkpoint: a run
 resumed from a mid-epoch checkpoint continues with the next unseen batch instead of restarting the epoch.
-The training order is a seeded permutation per epoch, or the stored order with ``shuffle=False``
-(``DistributedSampler``, to which Lightning passes the epoch), so it is the same after a restart and splits
-over the ranks under DDP.
+The training order is a seeded plan per epoch (or the stored order with ``shuffle=False``), so it is the
+same after a restart.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from datasets import Dataset, IterableDataset
-from datasets.distributed import split_dataset_by_node
-from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lkv.labels.shards import LabelMeta, load_labels, read_meta, row_scores
+from lkv.labels.mix import (
+    SOURCE_KEY,
+    LabelSource,
+    MixedLabels,
+    MixSampler,
+    StreamedLabels,
+    check_same_model,
+    epoch_quotas,
+)
+from lkv.labels.shards import LabelMeta, row_scores
 from lkv.model.backbone import ModelSignature, check_compatible
 
 Sample = dict[str, Any]
 
 
 class LabelCollate:
-    """Rows of one label folder → list of :data:`Sample` (picklable, so it runs in loader workers)."""
+    """Rows of label sources → list of :data:`Sample` (picklable, so it runs in loader workers).
 
-    def __init__(self, meta: LabelMeta, folder: str) -> None:
-        self.meta = meta
-        self.folder = folder
+    Args:
+        sources: ``(meta, folder)`` per source; a row's ``_source`` index picks its own.
+    """
+
+    def __init__(self, sources: list[tuple[LabelMeta, str]]) -> None:
+        self.sources = sources
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[Sample]:
-        return [
-            {
-                "id": row["id"],
-                "prompt_ids": torch.tensor(row["prompt_ids"], dtype=torch.long),
-                "response_ids": torch.tensor(row["response_ids"], dtype=torch.long),
-                "scores": row_scores(row, self.meta, self.folder) if self.meta.store_scores else None,
-            }
-            for row in rows
-        ]
+        samples = []
+        for row in rows:
+            meta, folder = self.sources[row[SOURCE_KEY]]
+            samples.append(
+                {
+                    "id": row["id"],
+                    "prompt_ids": torch.as_tensor(row["prompt_ids"], dtype=torch.long),
+                    "response_ids": torch.as_tensor(row["response_ids"], dtype=torch.long),
+                    "scores": row_scores(row, meta, folder) if meta.store_scores else None,
+                }
+            )
+        return samples
 
 
 class LabelDataModule(L.LightningDataModule):
-    """Train / validation / test label folders, map-style or streamed with HF ``datasets``.
+    """Train / validation / test label folders, map-style or streamed.
 
     Args:
-        train: label folder for training.
+        train: label folder for training, or several (one per prompt source: the paper's mix), each
+            labelled by its own ``lkv label`` run with the same model.
+        weights: sampling weight per train folder (None: every row once per epoch). An epoch keeps its
+            length (the total row count) and draws ``rows · w_i / Σw`` rows from folder ``i``: a fresh
+            subset each epoch below its size, repeats above.
         val: label folder for validation (held-out documents); None disables validation data.
         test: label folder for ``lkv test``; None falls back to ``val``.
-        streaming: read shards lazily (label sets larger than memory); then shuffling uses a buffer.
+        streaming: read shards lazily, a few rows at a time (label sets larger than memory); then
+            shuffling permutes the shards and uses a buffer.
         batch_size: samples per batch; each sample runs its own forward, so 1 plus the Trainer's
             ``accumulate_grad_batches`` is the usual way to an effective batch.
         num_workers: DataLoader worker processes (decoding parquet rows and reshaping scores).
@@ -66,7 +86,8 @@ class LabelDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        train: str,
+        train: str | list[str],
+        weights: list[float] | None = None,
         val: str | None = None,
         test: str | None = None,
         streaming: bool = False,
@@ -80,18 +101,26 @@ class LabelDataModule(L.LightningDataModule):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.save_hyperparameters()
-        self.folders = {"train": train, "val": val, "test": test or val}
-        self.datasets: dict[str, Dataset | IterableDataset] = {}
-        self.metas: dict[str, LabelMeta] = {}
+        train_folders = [train] if isinstance(train, str) else list(train)
+        if not train_folders:
+            raise ValueError("data.train: expected a label folder or a list of them, got an empty list")
+        if weights is not None:
+            epoch_quotas([1] * len(train_folders), weights)  # checks the weights before anything is read
+        self.folders: dict[str, list[str]] = {
+            "train": train_folders,
+            "val": [val] if val is not None else [],
+            "test": [test or val] if (test or val) is not None else [],
+        }
+        self.sources: dict[str, list[LabelSource]] = {}
+        self.datasets: dict[str, MixedLabels | StreamedLabels] = {}
 
-    def meta(self, split: str) -> LabelMeta | None:
-        """The ``meta.json`` of a split's folder (read once), or None when the split has no folder."""
-        folder = self.folders[split]
-        if folder is None:
-            return None
-        if split not in self.metas:
-            self.metas[split] = read_meta(folder)
-        return self.metas[split]
+    def _sources(self, split: str) -> list[LabelSource]:
+        """A split's folders with their metadata and shard row counts (read once)."""
+        if split not in self.sources:
+            self.sources[split] = [LabelSource.open(folder) for folder in self.folders[split]]
+            if split == "train":
+                check_same_model(self.sources[split])
+        return self.sources[split]
 
     def check_model(self, signature: ModelSignature) -> None:
         """Fail unless every configured label folder was made by a model like ``signature``.
@@ -99,34 +128,39 @@ class LabelDataModule(L.LightningDataModule):
         Raises:
             ValueError: naming the folder, the model that labelled it and the loaded one.
         """
-        for split, folder in self.folders.items():
-            meta = self.meta(split)
-            if meta is not None:
-                expected = ModelSignature.from_dict(meta.model)
-                check_compatible(expected, signature, f"label folder {folder} ({split})")
+        for split in self.folders:
+            for source in self._sources(split):
+                expected = ModelSignature.from_dict(source.meta.model)
+                check_compatible(expected, signature, f"label folder {source.folder} ({split})")
 
     def setup(self, stage: str) -> None:
         splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())
         for split in splits:
-            if self.folders[split] is not None and split not in self.datasets:
+            if self.folders[split] and split not in self.datasets:
                 self.datasets[split] = self._open(split)
 
-    def _open(self, split: str) -> Dataset | IterableDataset:
-        folder = Path(self.folders[split])
-        self.meta(split)
-        data = load_labels(folder, streaming=self.hparams.streaming)
-        if isinstance(data, IterableDataset):
-            if split == "train" and self.hparams.shuffle:
-                data = data.shuffle(seed=self.hparams.seed, buffer_size=self.hparams.shuffle_buffer)
-            if self.trainer is not None and self.trainer.world_size > 1:
-                # Map-style sets get Lightning's DistributedSampler; streams are split by node here.
-                data = split_dataset_by_node(data, self.trainer.global_rank, self.trainer.world_size)
-        return data
+    def _world(self) -> tuple[int, int]:
+        """``(rank, world size)`` of the attached trainer (``(0, 1)`` without one)."""
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _quotas(self, split: str) -> list[int]:
+        rows = [source.rows for source in self._sources(split)]
+        return epoch_quotas(rows, self.hparams.weights if split == "train" else None)
+
+    def _open(self, split: str) -> MixedLabels | StreamedLabels:
+        sources = self._sources(split)
+        if not self.hparams.streaming:
+            return MixedLabels(sources)
+        rank, world = self._world()
+        hp = self.hparams
+        shuffle = split == "train" and hp.shuffle
+        return StreamedLabels(sources, self._quotas(split), rank, world, shuffle, hp.seed, hp.shuffle_buffer)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle a streamed training set for ``epoch`` (map-style sets reshuffle through their sampler)."""
         data = self.datasets.get("train")
-        if isinstance(data, IterableDataset):
+        if isinstance(data, StreamedLabels):
             data.set_epoch(epoch)
 
     def _loader(self, split: str, shuffle: bool) -> StatefulDataLoader:
@@ -134,23 +168,25 @@ class LabelDataModule(L.LightningDataModule):
             raise RuntimeError(f"no {split} label folder configured (data.{split})")
         data = self.datasets[split]
         sampler = None
-        if split == "train" and not isinstance(data, IterableDataset):
-            # Our own sampler: Lightning would otherwise inject a shuffling one under DDP whatever
-            # `data.shuffle` says.
-            trainer = self.trainer
-            sampler = DistributedSampler(
-                data,
-                num_replicas=trainer.world_size if trainer is not None else 1,
-                rank=trainer.global_rank if trainer is not None else 0,
-                shuffle=shuffle,
-                seed=self.hparams.seed,
-            )
+        if isinstance(data, MixedLabels):
+            # Our own DistributedSampler, so Lightning injects none (its own would shuffle under DDP whatever
+            # `data.shuffle` says, and pad uneven ranks with repeated samples).
+            rank, world = self._world()
+            sampler = MixSampler(data, self._quotas(split), world, rank, shuffle, self.hparams.seed)
+            if len(sampler) == 0:
+                raise ValueError(
+                    f"data.{split}: {len(data)} rows cannot be split over {world} ranks (each needs one)"
+                )
+        elif split == "train" and self.trainer is not None:
+            # a run resumed mid-epoch starts without `on_train_epoch_start`: take the restored epoch
+            data.set_epoch(self.trainer.current_epoch)
         workers = self.hparams.num_workers
+        sources = [(source.meta, source.folder) for source in self._sources(split)]
         return StatefulDataLoader(
             data,
             batch_size=self.hparams.batch_size,
             sampler=sampler,
-            collate_fn=LabelCollate(self.meta(split), str(self.folders[split])),
+            collate_fn=LabelCollate(sources),
             num_workers=workers,
             persistent_workers=workers > 0,
         )

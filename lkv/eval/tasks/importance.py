@@ -2,7 +2,9 @@
 
 Every method scores the label's prompt from one shared prefill; its scores, with the positions the method
 always keeps (SnapKV's window, StreamingLLM's sink, H2O's recent tokens) raised to ``+inf``, are ranked
-against the ground truth per (layer, KV head) and averaged over rows and samples.
+against the ground truth per (layer, KV head) and averaged over rows and samples. A responses-only folder
+(``lkv label --store_scores false``) carries no ground truth: the runner computes it from the stored
+response, teacher-forced on that same prefill (as training does).
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ NOT_RANKED = {
 
 @dataclass
 class LabelSample:
-    """One held-out label: ``prompt_ids (S,)`` and its ground truth ``target (layers, kv_heads, S)``."""
+    """One held-out label: ``prompt_ids (S,)``, the model's ``response_ids (R,)`` and the ground truth
+    ``target (layers, kv_heads, S)`` — None for a responses-only folder (computed online from the response)."""
 
     id: str
     prompt_ids: list[int]
-    target: torch.Tensor
+    response_ids: list[int]
+    target: torch.Tensor | None
 
 
 class ImportanceTask(Benchmark):
     """Ranking quality of every method's scores against a held-out label folder written by ``lkv label``.
 
     Args:
-        folder: label folder of held-out prompts (with stored scores).
+        folder: label folder of held-out prompts, with stored scores or responses only.
         budgets: the C of Recall@C.
         max_samples: use only the first this many labels (None: all).
     """
@@ -60,19 +64,16 @@ class ImportanceTask(Benchmark):
     def check_model(self, signature: ModelSignature) -> None:
         """Refuse labels made with another model or tokenizer (their scores would not describe this one)."""
         meta = read_meta(self.folder)
-        if not meta.store_scores:
-            raise ValueError(
-                f"{self.folder}: labels were written with store_scores=False; importance needs scores"
-            )
         check_compatible(ModelSignature.from_dict(meta.model), signature, f"label folder {self.folder}")
 
     def samples(self, tokenizer: PreTrainedTokenizerBase | None = None) -> Iterator[LabelSample]:
         """The labels, read lazily (the prompts are already token ids, so no tokenizer is needed)."""
         meta = read_meta(self.folder)
-        for index, row in enumerate(load_labels(self.folder, streaming=False)):
+        for index, row in enumerate(load_labels(self.folder)):
             if self.max_samples is not None and index >= self.max_samples:
                 return
-            yield LabelSample(row["id"], list(row["prompt_ids"]), row_scores(row, meta).float())
+            target = row_scores(row, meta, self.folder) if meta.store_scores else None
+            yield LabelSample(row["id"], list(row["prompt_ids"]), list(row["response_ids"]), target)
 
     def score(self, scores: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         """Recall@C for each budget and Kendall τ-b, averaged over (layer, KV head) rows.

@@ -1,0 +1,328 @@
+"""Label sources mixed into one data set and cut into equal parts per rank (DDP ranks must step together).
+
+A *source* is one label folder: one ``lkv label`` run over one prompt source (the paper's mix is ChatQA2,
+Tulu, the Stack and few-shot sets, each labelled into its own folder). Per epoch, source ``i`` of ``N_i``
+rows contributes ``quota_i`` rows: ``N_i`` without weights, ``N · w_i / Σw`` with weights (``N = Σ N_i``,
+rounded by largest remainders so the quotas still sum to ``N``). A quota below ``N_i`` takes a different
+subset every epoch; above ``N_i`` it repeats rows (whole passes, then a subset).
+
+Every rank yields exactly the same number of rows per epoch, whatever the row counts, so the ranks take
+the same number of optimiser steps and meet at the same collectives (gradient all-reduce, validation,
+checkpointing). The rows left over are dropped from the epoch:
+
+- map-style (:class:`MixSampler`): the epoch's plan of all quotas is shuffled, cut to a multiple of the
+  world size and dealt out round-robin: at most ``world − 1`` rows per epoch, different ones each epoch
+  when shuffling;
+- streamed (:class:`StreamedLabels`): each source is cut into ``world`` contiguous slices of
+  ``⌊N_i / world⌋`` rows (in shard order, counted from the parquet footers), so a rank reads only its own
+  slices' shards; at most ``world − 1`` rows per source are never streamed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from datasets import Dataset
+from torch.utils.data import DistributedSampler, IterableDataset, get_worker_info
+
+from lkv.labels.shards import LabelMeta, load_labels, read_meta, shard_rows
+from lkv.model.backbone import ModelSignature, check_compatible
+
+SOURCE_KEY = "_source"  # index of a row's source, added to every row (the collate reads its meta)
+
+
+@dataclass(frozen=True)
+class LabelSource:
+    """One label folder: its ``meta.json``, its shards and their row counts (from the parquet footers)."""
+
+    folder: str
+    meta: LabelMeta
+    files: tuple[str, ...]
+    file_rows: tuple[int, ...]
+
+    @classmethod
+    def open(cls, folder: str | Path) -> LabelSource:
+        counted = shard_rows(folder)
+        return cls(
+            str(folder), read_meta(folder), tuple(str(p) for p, _ in counted), tuple(n for _, n in counted)
+        )
+
+    @property
+    def rows(self) -> int:
+        return sum(self.file_rows)
+
+
+def check_same_model(sources: Sequence[LabelSource]) -> None:
+    """Refuse sources labelled by different models: their scores describe different attention.
+
+    Raises:
+        ValueError: naming both folders, both models and every mismatched field.
+    """
+    first = ModelSignature.from_dict(sources[0].meta.model)
+    for source in sources[1:]:
+        check_compatible(
+            first,
+            ModelSignature.from_dict(source.meta.model),
+            f"label folder {source.folder} (mixed with {sources[0].folder}, which was)",
+        )
+
+
+def epoch_quotas(sizes: Sequence[int], weights: Sequence[float] | None) -> list[int]:
+    """Rows each source contributes per epoch: ``sizes`` itself without weights, else ``N · w_i / Σw``
+    rounded by largest remainders (``N = Σ sizes``), so the epoch keeps its length ``N``.
+
+    Raises:
+        ValueError: weights not one per source, negative, or all zero.
+    """
+    if weights is None:
+        return list(sizes)
+    if len(weights) != len(sizes):
+        raise ValueError(
+            f"data.weights: expected one weight per train folder ({len(sizes)}), got {len(weights)}"
+        )
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(
+            f"data.weights: expected non-negative weights with a positive sum, got {list(weights)}"
+        )
+    total = sum(sizes)
+    exact = [total * w / sum(weights) for w in weights]
+    quotas = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: quotas[i] - exact[i])
+    for i in by_remainder[: total - sum(quotas)]:
+        quotas[i] += 1
+    return quotas
+
+
+def draw(size: int, quota: int, epoch: int, generator: torch.Generator | None) -> torch.Tensor:
+    """``quota`` row indices of a source of ``size`` rows for one epoch ``(quota,)`` long.
+
+    With a generator: whole random permutations, the last one cut short (a fresh subset each epoch).
+    Without: the stored order read cyclically from ``epoch · quota``, so a quota below ``size`` still
+    reaches every row over the epochs.
+    """
+    if generator is None:
+        return (epoch * quota + torch.arange(quota)) % size
+    passes = -(-quota // size)
+    return torch.cat([torch.randperm(size, generator=generator) for _ in range(passes)])[:quota]
+
+
+class MixedLabels(torch.utils.data.Dataset):
+    """Map-style sources back to back: index ``i`` of source ``s`` is ``offset_s + i``; rows carry ``_source``."""
+
+    def __init__(self, sources: Sequence[LabelSource]) -> None:
+        self.parts: list[Dataset] = [load_labels(source.folder) for source in sources]
+        self.offsets = [0]
+        for part in self.parts:
+            self.offsets.append(self.offsets[-1] + len(part))
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(part) for part in self.parts]
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        source = bisect.bisect_right(self.offsets, index) - 1
+        return {**self.parts[source][index - self.offsets[source]], SOURCE_KEY: source}
+
+
+class MixSampler(DistributedSampler):
+    """This rank's share of the epoch's mix over a :class:`MixedLabels`: exactly ``⌊Σ quota / world⌋``
+    indices on every rank. Lightning calls :meth:`set_epoch`; the plan depends only on ``seed`` and the epoch.
+
+    Args:
+        data: the mixed sources.
+        quotas: rows per source per epoch (:func:`epoch_quotas`).
+        num_replicas, rank: the world size and this process's rank.
+        shuffle: shuffle the plan (else sources follow each other in stored order).
+        seed: the plan's seed; every rank must use the same.
+    """
+
+    def __init__(
+        self,
+        data: MixedLabels,
+        quotas: Sequence[int],
+        num_replicas: int,
+        rank: int,
+        shuffle: bool,
+        seed: int,
+    ) -> None:
+        super().__init__(
+            data, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=True
+        )
+        self.sizes = data.sizes
+        self.offsets = data.offsets
+        self.quotas = list(quotas)
+        self.num_samples = sum(self.quotas) // num_replicas
+        self.total_size = self.num_samples * num_replicas
+
+    def plan(self) -> torch.Tensor:
+        """Every rank's indices for the current epoch, ``(total_size,)``; rank ``r`` takes ``[r::world]``."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch) if self.shuffle else None
+        parts = [
+            offset + draw(size, quota, self.epoch, generator)
+            for offset, size, quota in zip(self.offsets, self.sizes, self.quotas, strict=False)
+        ]
+        plan = torch.cat(parts)
+        if generator is not None:
+            plan = plan[torch.randperm(len(plan), generator=generator)]
+        return plan[: self.total_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.plan()[self.rank :: self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+Piece = tuple[int, int, int, int]  # (source, file, first row, end row) within one shard
+
+
+class StreamedLabels(IterableDataset):
+    """Streams this rank's rows of the sources from their shards; exactly ``len(self)`` rows per epoch.
+
+    Source ``i``'s slice for rank ``r`` is rows ``[r·k_i, (r+1)·k_i)`` in shard order, ``k_i = ⌊N_i/world⌋``;
+    the epoch reads ``⌊quota_i / world⌋`` of them cyclically from ``epoch · that`` (all of them, once,
+    without weights). With ``shuffle``, the shards' order is permuted per epoch and rows pass through a
+    buffer of ``buffer`` rows. DataLoader workers split the rows in equal counts, so ranks with the same
+    settings also yield the same number of batches. Reading is sequential per shard (one row group at a
+    time), never the whole set.
+
+    Args:
+        sources: the label folders.
+        quotas: rows per source per epoch (:func:`epoch_quotas`).
+        rank, world: this process's rank and the world size.
+        shuffle, seed, buffer: shuffling; every rank uses the same seed.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[LabelSource],
+        quotas: Sequence[int],
+        rank: int,
+        world: int,
+        shuffle: bool,
+        seed: int,
+        buffer: int,
+    ) -> None:
+        for source in sources:
+            if source.rows < world:
+                raise ValueError(
+                    f"label folder {source.folder}: {source.rows} rows cannot be split over {world} ranks "
+                    "(each rank needs at least one)"
+                )
+        self.sources = list(sources)
+        self.slices = [source.rows // world for source in sources]
+        self.per_rank = [quota // world for quota in quotas]
+        self.rank, self.world = rank, world
+        self.shuffle, self.seed, self.buffer = shuffle, seed, buffer
+        # shared memory: DataLoader workers that persist across epochs see `set_epoch` of the main process
+        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+
+    def __len__(self) -> int:
+        return sum(self.per_rank)
+
+    def plan(self, epoch: int) -> list[Piece]:
+        """This rank's pieces for ``epoch`` in reading order (shard order, or shuffled)."""
+        pieces: list[Piece] = []
+        for index, (source, size, count) in enumerate(
+            zip(self.sources, self.slices, self.per_rank, strict=True)
+        ):
+            base, start = self.rank * size, (epoch * count) % size if count else 0
+            # the cyclic window [start, start + count) over the slice, as runs of consecutive rows
+            runs, left, position = [], count, start
+            while left:
+                run = min(left, size - position)
+                runs.append((base + position, base + position + run))
+                left, position = left - run, 0
+            pieces += [(index, *cut) for first, end in runs for cut in _cut_at_files(source, first, end)]
+        if self.shuffle:
+            order = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(self.seed + epoch))
+            pieces = [pieces[i] for i in order]
+        return pieces
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = int(self._epoch)
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pieces = _share(self.plan(epoch), len(self), worker, workers)
+        rows = (
+            {**row, SOURCE_KEY: source}
+            for source, file, first, end in pieces
+            for row in read_rows(self.sources[source].files[file], first, end)
+        )
+        if self.shuffle:
+            rows = _buffered(rows, self.buffer, random.Random(f"{self.seed}/{epoch}/{worker}"))
+        yield from rows
+
+
+def _cut_at_files(source: LabelSource, first: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """Global rows ``[first, end)`` of a source as ``(file, first, end)`` pieces, rows counted per file."""
+    start_of_file = 0
+    for file, rows in enumerate(source.file_rows):
+        lo, hi = max(first, start_of_file), min(end, start_of_file + rows)
+        if lo < hi:
+            yield file, lo - start_of_file, hi - start_of_file
+        start_of_file += rows
+
+
+def _share(pieces: list[Piece], total: int, worker: int, workers: int) -> list[Piece]:
+    """Worker ``worker``'s rows: the ``worker``-th of ``workers`` contiguous, equal-count parts of ``pieces``."""
+    lo, hi = worker * total // workers, (worker + 1) * total // workers
+    out, position = [], 0
+    for source, file, first, end in pieces:
+        a, b = max(lo, position), min(hi, position + end - first)
+        if a < b:
+            out.append((source, file, first + a - position, first + b - position))
+        position += end - first
+    return out
+
+
+def _buffered(rows: Iterator[dict], size: int, rng: random.Random) -> Iterator[dict]:
+    """Shuffle a stream through a buffer of ``size`` rows (memory: ``size`` rows)."""
+    buffer: list[dict] = []
+    for row in rows:
+        if len(buffer) < size:
+            buffer.append(row)
+            continue
+        index = rng.randrange(size)
+        yield buffer[index]
+        buffer[index] = row
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def read_rows(path: str, first: int, end: int) -> Iterator[dict[str, Any]]:
+    """Rows ``[first, end)`` of one shard, reading only the row groups that hold them.
+
+    List columns come back as numpy arrays (scores of 16K-token prompts are millions of values).
+    """
+    shard = pq.ParquetFile(path)
+    group_start = 0
+    for group in range(shard.num_row_groups):
+        rows = shard.metadata.row_group(group).num_rows
+        lo, hi = max(first, group_start), min(end, group_start + rows)
+        if lo < hi:
+            table = shard.read_row_group(group).slice(lo - group_start, hi - lo)
+            columns = {name: table.column(name).combine_chunks() for name in table.column_names}
+            for i in range(table.num_rows):
+                yield {name: _value(column, i) for name, column in columns.items()}
+        group_start += rows
+
+
+def _value(column: pa.Array, i: int) -> Any:
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        return column[i].values.to_numpy(zero_copy_only=False, writable=True)
+    return column[i].as_py()
