@@ -117,3 +117,22 @@ def test_cli_verb_with_a_config_file(saved_model, jsonl, tmp_path, capsys):
     main(["label", "--config", str(config)])
     assert "5 labelled prompts" in capsys.readouterr().out
     assert read_meta(tmp_path / "cli").response_tokens == 3
+
+
+def test_scores_are_float32_unless_asked_and_a_float16_folder_resumes_as_float16(
+    saved_model, jsonl, tmp_path
+):
+    # float16 cannot rank long prompts' scores (most lie below its smallest normal at S = 16K); folders
+    # written as float16 before stay readable and resumable without naming the dtype
+    settings = {"prompts": JsonlPrompts(str(jsonl), id_field="id"), "model": str(saved_model)}
+    settings.update(response_tokens=5, max_prompt_tokens=256, accelerator="cpu", progress=False)
+    label(output=str(tmp_path / "new"), **settings)
+    assert read_meta(tmp_path / "new").score_dtype == "float32"
+    old = tmp_path / "old"
+    label(output=str(old), score_dtype="float16", shard_size=2, **settings)
+    (old / "labels-r000-00002.parquet").unlink()  # the last prompt is left to do
+    label(output=str(old), shard_size=2, **settings)
+    assert read_meta(old).score_dtype == "float16" and len(load_labels(old)) == 5
+    for row in load_labels(old):
+        sums = row_scores(row, read_meta(old)).sum(-1)
+        torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-2, rtol=0)

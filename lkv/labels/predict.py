@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from lkv.core.generation import eos_ids
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.prompts import Prompt, PromptSource, render_prompt
-from lkv.labels.shards import ShardWriter, finished_ids, read_meta, shard_files
+from lkv.labels.shards import META_FILE, ShardWriter, finished_ids, read_meta, shard_files
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class ShardPredictionWriter(BasePredictionWriter):
 
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
-    if not (output / "meta.json").exists():
+    if not (output / META_FILE).exists():
         return
     meta = read_meta(output)
     for key, value in settings.items():
@@ -149,7 +149,7 @@ def label(
     max_prompt_tokens: int = 2048,
     truncation: Literal["middle", "left", "skip", "error"] = "middle",
     store_scores: bool = True,
-    score_dtype: Literal["float16", "float32"] = "float16",
+    score_dtype: Literal["float16", "float32"] | None = None,
     shard_size: int = 32,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
@@ -169,7 +169,10 @@ def label(
         max_prompt_tokens: prompts longer than this follow ``truncation``.
         truncation: ``middle`` (LongBench-style: keep both ends), ``left`` (keep the end), ``skip``, ``error``.
         store_scores: False stores responses only; training then computes the ground truth online.
-        score_dtype: on-disk dtype of the scores.
+        score_dtype: on-disk dtype of the scores; None: ``float32`` for a new folder, the folder's own when
+            resuming one. ``float16`` halves the size but loses the ranking of long prompts' small scores
+            (below its smallest normal 6.1e-5 ≈ 1/16384; table in docs/scale_out.md): use it only for
+            prompts of a few thousand tokens.
         shard_size: samples per shard; an interrupted run redoes at most this many per rank.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default), ``eager``, ``flash_attention_2``...
@@ -184,6 +187,8 @@ def label(
         if value <= 0:
             raise ValueError(f"--{name}: expected a positive number, found {value}")
     folder = Path(output)
+    if score_dtype is None:
+        score_dtype = read_meta(folder).score_dtype if (folder / META_FILE).exists() else "float32"
     _check_resumable(
         folder,
         response_tokens=response_tokens,
