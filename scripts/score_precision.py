@@ -106,17 +106,15 @@ def main() -> None:
     if args.calibrate:
         calibrate(args.calibrate)
         return
-    columns = None
+    columns = ["tied", "zero", "nonfinite", "sum err", "1 - tau", *(f"recall loss @{c}" for c in BUDGETS)]
+    print("| S | encoding | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---:|" * len(columns))
     for length in args.lengths:
         rows = synthetic_rows(length, args.rows, args.seed)
         median = rows[:, 1:].median().item()
-        print(f"\nS = {length}: median score {median:.2e} (float16 smallest normal 6.1e-05)")
+        print(f"| S = {length}: median score {median:.2e} (float16 smallest normal 6.1e-05) |")
         for encoding in ENCODINGS:
             stats = measure(rows, encoding)
-            if columns is None:
-                columns = list(stats)
-                print("| S | encoding | " + " | ".join(columns) + " |")
-                print("|---|---|" + "---:|" * len(columns))
             cells = [f"{stats[c]:.2e}" if c in stats and not math.isnan(stats[c]) else "–" for c in columns]
             print(f"| {length} | {encoding} | " + " | ".join(cells) + " |")
 
