@@ -148,6 +148,9 @@ def test_a_weighted_mix_draws_its_quotas_every_epoch_deterministically(two_sourc
     assert set(epochs[0]) != set(epochs[1])  # `a`'s subset changes per epoch
     assert epochs_of(LabelDataModule(seed=3, **settings), 3) == epochs
     assert epochs_of(LabelDataModule(seed=4, **settings), 1)[0] != epochs[0]
+    # a zero weight leaves a folder out: the epoch is `b` three times over
+    only_b = epochs_of(LabelDataModule(**{**settings, "weights": [0.0, 1.0]}), 1)[0]
+    assert sorted(only_b) == sorted(3 * [f"s1-{i}" for i in range(3)])
     # without weights: every row of both folders once per epoch
     unweighted = epochs_of(LabelDataModule(train=[a, b], streaming=streaming, seed=3), 1)[0]
     assert sorted(unweighted) == sorted([f"s0-{i}" for i in range(6)] + [f"s1-{i}" for i in range(3)])

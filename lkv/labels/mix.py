@@ -110,7 +110,7 @@ def draw(size: int, quota: int, epoch: int, generator: torch.Generator | None) -
     """
     if generator is None:
         return (epoch * quota + torch.arange(quota)) % size
-    passes = -(-quota // size)
+    passes = max(1, -(-quota // size))  # one pass even for a zero quota (its weight is 0): same random stream
     return torch.cat([torch.randperm(size, generator=generator) for _ in range(passes)])[:quota]
 
 
