@@ -55,7 +55,9 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     assert "**niah**, question-aware" in text and "**niah**, question-agnostic" in text
     assert "| snapkv |" in text and "| C=8 | C=16 |" in text
     summary = (out / "summary.csv").read_text().splitlines()
-    assert summary[0].startswith("task,setting,method,budget,n,score") and len(summary) == 1 + 8
+    assert (
+        summary[0].startswith("task,setting,method,budget,n,score,ci_low,ci_high") and len(summary) == 1 + 8
+    )
     assert {p.name for p in (out / "plots").iterdir()} == {
         "niah_aware.png",
         "niah_agnostic.png",

@@ -2,10 +2,14 @@
 
 ``write_report(rows, folder)`` turns the rows of ``results.jsonl`` into::
 
-    summary.csv                    mean of every metric per (task, setting, method, budget), with counts
-    report.md                      one table per task and setting (methods × budgets, main metric × 100),
-                                   the importance table, links to the plots
-    plots/<task>_<setting>.png     main metric vs budget, one line per method (FullKV dashed)
+    summary.csv                    mean of every metric per (task, setting, method, budget), with the count
+                                   ``n`` and the 95 % interval ``ci_low``..``ci_high`` of the main score
+    comparisons.csv                paired tests of each method vs FullKV and vs the best training-free
+                                   baseline (:mod:`lkv.eval.paired`)
+    report.md                      one table per task and setting (methods × budgets, main metric × 100 with
+                                   its interval), the paired comparisons in words, per-family needle
+                                   tables, the importance table, links to the plots
+    plots/<task>_<setting>.png     main metric vs budget, one line per method with error bars (FullKV dashed)
     plots/niah_heatmap_<setting>.png   needle depth × context length, one panel per method and budget
     tensorboard/eval/<method>/     one run per method, tags ``<task>/<setting>/<metric>`` with the budget
                                    as the step (see :mod:`lkv.eval.tensorboard`)
@@ -22,8 +26,11 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from lkv.eval.paired import comparison_markdown, paired_comparisons
+from lkv.eval.stats import is_binary, mean_interval
 from lkv.eval.tensorboard import FULL, NO_BUDGET, write_eval_runs
 
+SMOKE_N = 30  # cells with fewer samples are labelled a smoke test: their 95 % intervals span ~30+ points
 SETTING_NAMES = {"aware": "question-aware", "agnostic": "question-agnostic"}
 
 
@@ -36,19 +43,28 @@ def _budget_sort_key(budget: str) -> tuple[int, float]:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Means of ``score`` and every metric per (task, setting, method, budget), with the sample count ``n``."""
+    """Means of ``score`` and every metric per (task, setting, method, budget), with the sample count ``n``
+    and the 95 % interval ``ci_low``..``ci_high`` of ``score``: Wilson when every score of the task is 0 or 1
+    (an accuracy), a bootstrap of the mean otherwise."""
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    by_task: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         groups[(row["task"], row["setting"], row["method"], row["budget"])].append(row)
+        by_task[row["task"]].append(row["score"])
+    binary = {task: is_binary(scores) for task, scores in by_task.items()}
     summary = []
     for (task, setting, method, budget), members in groups.items():
+        scores = [r["score"] for r in members]
+        low, high = mean_interval(scores, binary=binary[task])
         entry: dict[str, Any] = {
             "task": task,
             "setting": setting,
             "method": method,
             "budget": budget,
             "n": len(members),
-            "score": sum(r["score"] for r in members) / len(members),
+            "score": sum(scores) / len(scores),
+            "ci_low": low,
+            "ci_high": high,
         }
         names = dict.fromkeys(k for r in members for k in r["metrics"])
         for name in names:
@@ -97,23 +113,69 @@ def markdown_tables(summary: Sequence[dict[str, Any]], methods: Sequence[str] = 
             chosen = [e for e in entries if e["setting"] == setting]
             budgets = sorted({e["budget"] for e in chosen if e["budget"] != FULL}, key=_budget_sort_key)
             cell = {(e["method"], e["budget"]): e for e in chosen}
-            n = max(e["n"] for e in chosen)
-            lines += [
-                f"**{task}**, {SETTING_NAMES.get(setting, setting)} (score × 100, n = {n} per cell)",
-                "",
-            ]
+            lines += [f"**{task}**, {SETTING_NAMES.get(setting, setting)} {_cell_note(chosen)}", ""]
             lines.append("| method | " + " | ".join(f"C={b}" for b in budgets) + " |")
             lines.append("|---|" + "---:|" * len(budgets))
             for method in _order((e["method"] for e in chosen), methods):
                 if (method, FULL) in cell:
-                    values = [cell[(method, FULL)]["score"]] * len(budgets)
+                    values = [cell[(method, FULL)]] * len(budgets)
                 else:
-                    values = [
-                        cell[(method, b)]["score"] if (method, b) in cell else math.nan for b in budgets
-                    ]
-                lines.append(f"| {method} | " + " | ".join(_pct(v) for v in values) + " |")
+                    values = [cell.get((method, b)) for b in budgets]
+                lines.append(f"| {method} | " + " | ".join(_pct_interval(v) for v in values) + " |")
             lines.append("")
     return "\n".join(lines)
+
+
+def _cell_note(entries: Sequence[dict[str, Any]]) -> str:
+    """'(score × 100 [95 % interval], n = 60 per cell)', flagged as a smoke test below :data:`SMOKE_N`."""
+    counts = sorted({e["n"] for e in entries})
+    n = str(counts[0]) if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+    note = f"(score × 100 [95 % interval], n = {n} per cell)"
+    if counts[0] < SMOKE_N:
+        note += f" — *smoke test: under {SMOKE_N} samples per cell, not a result*"
+    return note
+
+
+def _pct_interval(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
+    return f"{_pct(entry['score'])} [{100 * entry['ci_low']:.0f}, {100 * entry['ci_high']:.0f}]"
+
+
+def family_tables(rows: Sequence[dict[str, Any]], methods: Sequence[str] = ()) -> list[str]:
+    """Markdown: per task with several needle families (``meta["family"]``) and setting, the mean score × 100
+    per family and method (rows) at each budget (columns), with the family's n and distribution."""
+    lines: list[str] = []
+    tagged = [r for r in rows if r["budget"] != NO_BUDGET and "family" in r.get("meta", {})]
+    for task in dict.fromkeys(r["task"] for r in tagged):
+        chosen = [r for r in tagged if r["task"] == task]
+        families = list(dict.fromkeys(r["meta"]["family"] for r in chosen))
+        if len(families) < 2:
+            continue
+        for setting in _order((r["setting"] for r in chosen), list(SETTING_NAMES)):
+            here = [r for r in chosen if r["setting"] == setting]
+            budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=_budget_sort_key)
+            cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+            for r in here:
+                cells[(r["meta"]["family"], r["method"], r["budget"])].append(r["score"])
+            lines += [
+                f"**{task}** by needle family, {SETTING_NAMES.get(setting, setting)} (score × 100)",
+                "",
+                "| family | method | " + " | ".join(f"C={b}" for b in budgets) + " |",
+                "|---|---|" + "---:|" * len(budgets),
+            ]
+            for family in families:
+                example = next(r for r in here if r["meta"]["family"] == family)
+                label = f"{family} ({example['meta'].get('distribution', '?')}, n = "
+                for method in _order((r["method"] for r in here), methods):
+                    full = cells.get((family, method, FULL))
+                    values = [full or cells.get((family, method, b), []) for b in budgets]
+                    n = max(len(v) for v in values)
+                    lines.append(
+                        f"| {label}{n}) | {method} | " + " | ".join(_pct(_mean(v)) for v in values) + " |"
+                    )
+            lines.append("")
+    return lines
 
 
 def _importance_table(task: str, entries: list[dict[str, Any]], methods: Sequence[str]) -> list[str]:
@@ -138,7 +200,8 @@ def _pct(value: float) -> str:
 def plot_budget_curves(
     summary: Sequence[dict[str, Any]], folder: Path, methods: Sequence[str] = ()
 ) -> list[Path]:
-    """One PNG per (task, setting): main score vs budget, a line per method, FullKV as a dashed level."""
+    """One PNG per (task, setting): main score vs budget, a line per method with 95 % error bars, FullKV as a
+    dashed level inside its shaded interval."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     keys = dict.fromkeys((e["task"], e["setting"]) for e in summary if e["budget"] != NO_BUDGET)
@@ -149,15 +212,29 @@ def plot_budget_curves(
         budgets = sorted({float(e["budget"]) for e in chosen if e["budget"] != FULL})
         for method in _order((e["method"] for e in chosen), methods):
             points = sorted(
-                (float(e["budget"]), e["score"])
-                for e in chosen
-                if e["method"] == method and e["budget"] != FULL
+                (
+                    {**e, "budget": float(e["budget"])}
+                    for e in chosen
+                    if e["method"] == method and e["budget"] != FULL
+                ),
+                key=lambda e: e["budget"],
             )
-            full = [e["score"] for e in chosen if e["method"] == method and e["budget"] == FULL]
+            full = [e for e in chosen if e["method"] == method and e["budget"] == FULL]
             if full:
-                ax.axhline(100 * full[0], color="black", linestyle="--", linewidth=1, label=method)
+                ax.axhline(100 * full[0]["score"], color="black", linestyle="--", linewidth=1, label=method)
+                ax.axhspan(100 * full[0]["ci_low"], 100 * full[0]["ci_high"], color="black", alpha=0.06)
             elif points:
-                ax.plot([b for b, _ in points], [100 * s for _, s in points], marker="o", label=method)
+                ax.errorbar(
+                    [e["budget"] for e in points],
+                    [100 * e["score"] for e in points],
+                    yerr=[
+                        [100 * (e["score"] - e["ci_low"]) for e in points],
+                        [100 * (e["ci_high"] - e["score"]) for e in points],
+                    ],
+                    marker="o",
+                    capsize=3,
+                    label=method,
+                )
         if budgets and all(b >= 1 for b in budgets):
             ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [f"{b:g}" for b in budgets])
@@ -240,14 +317,19 @@ def write_report(
     folder.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     write_csv(summary, folder / "summary.csv")
+    comparisons = paired_comparisons(rows)
+    if comparisons:
+        write_csv(comparisons, folder / "comparisons.csv")
     plots = plot_budget_curves(summary, folder / "plots", methods)
     plots += plot_niah_heatmaps(rows, folder / "plots", methods)
     write_eval_runs(summary, folder / "tensorboard" / "eval")
-    parts = [f"# {title}", "", *notes, "" if notes else "", markdown_tables(summary, methods), "## Plots", ""]
+    parts = [f"# {title}", "", *notes, "" if notes else "", markdown_tables(summary, methods)]
+    parts += [*comparison_markdown(comparisons, methods), *family_tables(rows, methods), "## Plots", ""]
     parts += [f"![{p.stem}](plots/{p.name})" for p in plots]
     parts += [
         "",
-        "Per-sample results: `results.jsonl`; means: `summary.csv`; TensorBoard: `tensorboard/`.",
+        "Per-sample results: `results.jsonl`; means with 95 % intervals: `summary.csv`; paired tests: "
+        "`comparisons.csv`; TensorBoard: `tensorboard/`.",
         "",
         *appendix,
     ]

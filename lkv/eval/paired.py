@@ -1,0 +1,163 @@
+"""Paired comparisons of ``lkv eval`` rows: every method against FullKV and against the best training-free
+eviction baseline of the same cell, on the same samples.
+
+A comparison pairs the rows of two methods by sample id within one (task, setting, budget); FullKV has one
+row per sample and setting, compared at every budget. 0/1 scores get the exact McNemar test, continuous
+ones the paired bootstrap (:mod:`lkv.eval.stats`). The *best training-free baseline* of a cell is the eviction
+method with the highest mean there among those that are neither trained (LookaheadKV), nor an upper bound
+(Oracle), nor keep the whole cache (FullKV, Quest).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test
+from lkv.eval.tensorboard import FULL, NO_BUDGET
+
+#: Methods that are not training-free eviction baselines: references, upper bounds, the trained method.
+NOT_BASELINES = frozenset({"fullkv", "oracle", "lookaheadkv", "quest"})
+
+
+def _cells(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, float]]:
+    """(task, setting, method, budget) → {sample id: score}, end-task rows only."""
+    cells: dict[tuple[str, str, str, str], dict[str, float]] = defaultdict(dict)
+    for row in rows:
+        if row["budget"] != NO_BUDGET:
+            cells[(row["task"], row["setting"], row["method"], row["budget"])][row["sample"]] = row["score"]
+    return cells
+
+
+def _pair(mine: dict[str, float], other: dict[str, float], seed: int) -> PairedResult | None:
+    common = sorted(set(mine) & set(other))
+    if not common:
+        return None
+    return paired_test([mine[s] for s in common], [other[s] for s in common], seed=seed)
+
+
+def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """One entry per (task, setting, budget, method, reference) with reference ``fullkv`` or the best baseline.
+
+    Entry keys: task, setting, budget, method, reference (``fullkv`` or ``best baseline``), baseline (its
+    name), the :class:`~lkv.eval.stats.PairedResult` fields (n, diff, low, high, wins, losses, p, test),
+    ``significant``, and for 0/1 tasks against FullKV ``solved`` (samples FullKV got right) and ``kept``
+    (of those, the ones the method also got right).
+    """
+    cells = _cells(rows)
+    out: list[dict[str, Any]] = []
+    keys = dict.fromkeys((t, s, b) for t, s, _, b in cells if b != FULL)
+    for task, setting, budget in keys:
+        full = cells.get((task, setting, "fullkv", FULL), {})
+        methods = [m for t, s, m, b in cells if (t, s, b) == (task, setting, budget)]
+        means = {m: _mean(cells[(task, setting, m, budget)].values()) for m in methods}
+        baselines = [m for m in methods if m not in NOT_BASELINES]
+        best = max(baselines, key=lambda m: (means[m], m)) if baselines else None
+        for method in methods:
+            mine = cells[(task, setting, method, budget)]
+            for reference, name, other in (
+                ("fullkv", "fullkv", full),
+                ("best baseline", best, cells.get((task, setting, best, budget), {})),
+            ):
+                if name is None or name == method:
+                    continue
+                result = _pair(mine, other, seed)
+                if result is None:
+                    continue
+                entry: dict[str, Any] = {
+                    "task": task,
+                    "setting": setting,
+                    "budget": budget,
+                    "method": method,
+                    "reference": reference,
+                    "baseline": name,
+                    **vars(result),
+                    "significant": result.significant,
+                }
+                if reference == "fullkv" and is_binary(list(full.values())):
+                    solved = [s for s, v in full.items() if v == 1.0 and s in mine]
+                    entry["solved"] = len(solved)
+                    entry["kept"] = sum(mine[s] == 1.0 for s in solved)
+                out.append(entry)
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else math.nan
+
+
+def _budget_sort_key(budget: str) -> float:
+    return float(budget)
+
+
+def _signed(value: float) -> str:
+    return f"{100 * value:+.1f}"
+
+
+def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence[str] = ()) -> list[str]:
+    """Markdown lines: per task and setting a table (method vs reference × budget) and a sentence per method
+    naming the budgets where its difference is outside noise (p < 0.05) and the ones where it is not."""
+    if not comparisons:
+        return []
+    lines = [
+        "## Paired comparisons",
+        "",
+        "Each method against FullKV and against the best training-free eviction baseline of the same cell "
+        "(highest mean among "
+        + ", ".join(sorted({c["baseline"] for c in comparisons if c["reference"] == "best baseline"}))
+        + "), on the same samples. Cells: difference in points (wins/losses) and the two-sided p-value: "
+        "exact McNemar for 0/1 scores, paired bootstrap otherwise; **bold** = outside noise (p < "
+        f"{ALPHA:g}). Against FullKV, 0/1 tasks also give *kept*: FullKV-solved samples the method still "
+        "solves.",
+        "",
+    ]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for entry in comparisons:
+        groups[(entry["task"], entry["setting"])].append(entry)
+    for (task, setting), entries in groups.items():
+        budgets = sorted({e["budget"] for e in entries}, key=_budget_sort_key)
+        by_key = {(e["method"], e["reference"], e["budget"]): e for e in entries}
+        found = list(dict.fromkeys(e["method"] for e in entries))
+        order = [m for m in methods if m in found] + [m for m in found if m not in methods]
+        lines += [f"**{task}**, {setting}: paired differences (points)", ""]
+        lines.append("| method | vs | " + " | ".join(f"C={b}" for b in budgets) + " |")
+        lines.append("|---|---|" + "---:|" * len(budgets))
+        words: list[str] = []
+        for method in order:
+            for reference in ("fullkv", "best baseline"):
+                chosen = [by_key.get((method, reference, b)) for b in budgets]
+                if not any(chosen):
+                    continue
+                lines.append(f"| {method} | {reference} | " + " | ".join(_cell(e) for e in chosen) + " |")
+                words.append(_sentence(method, reference, [e for e in chosen if e is not None]))
+        lines += ["", *(f"- {w}" for w in words), ""]
+    return lines
+
+
+def _cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
+    text = f"{_signed(entry['diff'])} ({entry['wins']}/{entry['losses']}) p={entry['p']:.2g}"
+    if entry["reference"] == "best baseline":
+        text += f" vs {entry['baseline']}"
+    if "kept" in entry:
+        text += f", kept {entry['kept']}/{entry['solved']}"
+    return f"**{text}**" if entry["significant"] else text
+
+
+def _sentence(method: str, reference: str, entries: list[dict[str, Any]]) -> str:
+    """'snapkv vs fullkv: below outside noise at C=64 (−50.0, p=0.031); within noise at C=128, 256.'"""
+    above = [e for e in entries if e["significant"] and e["diff"] > 0]
+    below = [e for e in entries if e["significant"] and e["diff"] < 0]
+    noise = [e for e in entries if not e["significant"]]
+    parts = []
+    for label, chosen in (("above", above), ("below", below)):
+        if chosen:
+            detail = ", ".join(f"C={e['budget']} ({_signed(e['diff'])}, p={e['p']:.2g})" for e in chosen)
+            parts.append(f"{label} it outside noise at {detail}")
+    if noise:
+        parts.append("within noise at C=" + ", ".join(e["budget"] for e in noise))
+    return f"{method} vs {reference}: " + "; ".join(parts) + "."

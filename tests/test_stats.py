@@ -1,0 +1,176 @@
+"""Intervals and paired tests against published/closed-form values, and the report's use of them."""
+
+import csv
+import math
+import random
+
+import pytest
+
+from lkv.eval.paired import paired_comparisons
+from lkv.eval.report import summarize, write_report
+from lkv.eval.stats import (
+    Z95,
+    binomial_two_sided,
+    bootstrap_interval,
+    mcnemar_exact,
+    mean_interval,
+    paired_bootstrap,
+    paired_test,
+    wilson_interval,
+)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "low", "high"),
+    [
+        # R: prop.test(x, n, correct = FALSE)$conf.int (the Wilson score interval)
+        (5, 10, 0.2365931, 0.7634069),
+        (0, 10, 0.0, 0.2775328),
+        (10, 10, 0.7224672, 1.0),
+    ],
+)
+def test_wilson_interval_matches_r(k, n, low, high):
+    got = wilson_interval(k, n)
+    assert got == pytest.approx((low, high), abs=1e-6)
+
+
+@pytest.mark.parametrize(("k", "n"), [(5, 6), (50, 60), (1, 61), (17, 23)])
+def test_wilson_bounds_are_where_the_score_test_reaches_z(k, n):
+    # Wilson's definition: the proportions x with (k/n − x)² = z²·x(1 − x)/n.
+    for x in wilson_interval(k, n):
+        assert (k / n - x) ** 2 == pytest.approx(Z95**2 * x * (1 - x) / n, rel=1e-9, abs=1e-12)
+
+
+def test_wilson_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(7, 6)
+    with pytest.raises(ValueError, match="n must be positive"):
+        wilson_interval(0, 0)
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "p"),
+    [
+        (0, 6, 0.03125),  # 2 / 2**6
+        (1, 10, 0.021484375),  # R: binom.test(1, 10)$p.value
+        (3, 10, 0.34375),
+        (5, 10, 1.0),
+        (0, 0, 1.0),
+        (2, 20, 0.0004024506),
+    ],
+)
+def test_exact_binomial_two_sided(k, n, p):
+    assert binomial_two_sided(k, n) == pytest.approx(p, rel=1e-6)
+
+
+def test_mcnemar_counts_only_discordant_pairs():
+    # 40 pairs: both right 20, both wrong 10, A-only 9, B-only 1 → p = binom.test(1, 10) = 0.0215.
+    a = [1] * 20 + [0] * 10 + [1] * 9 + [0] * 1
+    b = [1] * 20 + [0] * 10 + [0] * 9 + [1] * 1
+    result = mcnemar_exact(a, b)
+    assert (result.wins, result.losses, result.n) == (9, 1, 40)
+    assert result.diff == pytest.approx(8 / 40)
+    assert result.p == pytest.approx(0.021484375) and result.significant
+    assert result.low < result.diff < result.high
+    assert paired_test(a, b).test == "mcnemar"
+    assert mcnemar_exact(a, a).p == 1.0 and not mcnemar_exact(a, a).significant
+    with pytest.raises(ValueError, match="0/1"):
+        mcnemar_exact([0.5, 1.0], [0.0, 1.0])
+    with pytest.raises(ValueError, match="equally long"):
+        mcnemar_exact([1, 0], [1])
+
+
+def test_bootstrap_interval_of_a_mean():
+    assert bootstrap_interval([0.4] * 8) == pytest.approx((0.4, 0.4))
+    rng = random.Random(1)
+    values = [rng.gauss(0.5, 0.1) for _ in range(200)]
+    low, high = bootstrap_interval(values)
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    # With n = 200 the percentile bootstrap agrees with the normal interval mean ± 1.96·sd/√n to a few %.
+    assert low == pytest.approx(mean - 1.96 * sd / math.sqrt(200), abs=0.004)
+    assert high == pytest.approx(mean + 1.96 * sd / math.sqrt(200), abs=0.004)
+    assert bootstrap_interval(values) == (low, high)  # seeded: reproducible
+
+
+def test_paired_bootstrap_separates_a_shift_from_noise():
+    rng = random.Random(2)
+    base = [rng.random() for _ in range(60)]
+    shifted = [min(1.0, v + 0.2) for v in base]
+    noisy = [v + rng.gauss(0, 0.01) for v in base]
+    clear = paired_bootstrap(shifted, base)
+    assert clear.significant and clear.diff > 0 and clear.low > 0 and clear.test == "bootstrap"
+    assert not paired_bootstrap(noisy, base).significant
+    assert paired_bootstrap(base, base).p == 1.0
+
+
+def test_mean_interval_follows_the_task_kind():
+    assert mean_interval([1.0, 0.0, 1.0]) == wilson_interval(2, 3)
+    # An edit-similarity cell of only 0s and 1s is still a continuous metric: bootstrap, not Wilson.
+    assert mean_interval([1.0, 0.0, 1.0], binary=False) != wilson_interval(2, 3)
+    with pytest.raises(ValueError, match="all 0 or 1"):
+        mean_interval([0.5], binary=True)
+
+
+def _rows(scores: dict[tuple[str, str], list[float]], task: str = "niah") -> list[dict]:
+    rows = []
+    for (method, budget), values in scores.items():
+        for i, value in enumerate(values):
+            rows.append(
+                {
+                    "task": task,
+                    "sample": f"s{i}",
+                    "method": method,
+                    "budget": budget,
+                    "setting": "aware",
+                    "score": value,
+                    "metrics": {"string_match": value},
+                    "meta": {"family": "date" if i % 2 else "magic_number", "distribution": "ood"},
+                }
+            )
+    return rows
+
+
+def test_summary_rows_carry_n_and_interval():
+    rows = _rows({("fullkv", "full"): [1.0] * 5 + [0.0], ("snapkv", "64"): [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]})
+    summary = {e["method"]: e for e in summarize(rows)}
+    assert summary["fullkv"]["n"] == 6 and isinstance(summary["fullkv"]["n"], int)
+    assert (summary["fullkv"]["ci_low"], summary["fullkv"]["ci_high"]) == wilson_interval(5, 6)
+    assert summary["snapkv"]["ci_low"] <= summary["snapkv"]["score"] <= summary["snapkv"]["ci_high"]
+
+
+def test_paired_comparisons_against_fullkv_and_the_best_baseline(tmp_path):
+    n = 30
+    rows = _rows(
+        {
+            ("fullkv", "full"): [1.0] * n,
+            ("lookaheadkv", "64"): [1.0] * (n - 2) + [0.0] * 2,
+            ("snapkv", "64"): [1.0] * 10 + [0.0] * (n - 10),
+            ("tova", "64"): [1.0] * 5 + [0.0] * (n - 5),
+            ("quest", "64"): [1.0] * n,  # keeps the whole cache: never the best *eviction* baseline
+        }
+    )
+    found = {(c["method"], c["reference"]): c for c in paired_comparisons(rows)}
+    lkv_best = found[("lookaheadkv", "best baseline")]
+    assert lkv_best["baseline"] == "snapkv" and lkv_best["significant"]
+    assert (lkv_best["wins"], lkv_best["losses"]) == (18, 0)
+    lkv_full = found[("lookaheadkv", "fullkv")]
+    assert not lkv_full["significant"] and (lkv_full["kept"], lkv_full["solved"]) == (n - 2, n)
+    assert found[("snapkv", "fullkv")]["significant"] and ("snapkv", "best baseline") not in found
+
+    report = write_report(rows, tmp_path, methods=["fullkv", "lookaheadkv", "snapkv", "tova", "quest"])
+    text = report.read_text()
+    assert "## Paired comparisons" in text
+    assert "lookaheadkv vs best baseline: above it outside noise at C=64" in text
+    assert "lookaheadkv vs fullkv: within noise at C=64" in text
+    assert "n = 30 per cell" in text and "smoke test" not in text.split("## Paired")[0]
+    assert "by needle family" in text and "magic_number (ood, n = 15)" in text
+    with (tmp_path / "comparisons.csv").open() as handle:
+        assert {r["method"] for r in csv.DictReader(handle)} == {"lookaheadkv", "snapkv", "tova", "quest"}
+
+
+def test_small_cells_are_labelled_a_smoke_test(tmp_path):
+    rows = _rows({("fullkv", "full"): [1.0] * 6, ("snapkv", "64"): [1.0] * 2 + [0.0] * 4})
+    text = write_report(rows, tmp_path).read_text()
+    assert "n = 6 per cell) — *smoke test" in text
+    assert "| snapkv | 33.3 [10, 70] |" in text
