@@ -42,7 +42,7 @@ def heldout_and_train(corpus) -> tuple[set[str], set[str]]:
 
 
 def test_registry_builds_every_task():
-    assert set(TASKS) == {"niah", "ruler", "code", "fidelity", "importance", "longbench"}
+    assert set(TASKS) == {"niah", "needle_families", "ruler", "code", "fidelity", "importance", "longbench"}
     assert isinstance(make_task("niah", lengths=[64]), NeedleTask)
     with pytest.raises(ValueError, match="unknown benchmark"):
         make_task("nope")

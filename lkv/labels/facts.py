@@ -201,9 +201,9 @@ FACT_FORMATS: tuple[FactFormat, ...] = (
         "magic_number_reworded",
         "The special magic number for {key} is {value}.",
         (
-            "Earlier I mentioned a number tied to {key}. Which number was that?",
-            "Quick check: what figure did the text associate with {key}?",
-            "I forgot the value given for {key}. Can you remind me?",
+            "Tell me the special magic number that belongs to {key}.",
+            "{key}: which special magic number does the text give? Reply with the digits only.",
+            "I forgot the special magic number assigned to {key}. Can you remind me?",
         ),
         number_value,
         "eval",

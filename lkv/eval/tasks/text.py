@@ -122,8 +122,8 @@ def pydoc_prose() -> dict[str, str]:
 
     Doc id ``pydoc-topics/<topic>`` → the topic's paragraphs without its code, grammar rules and heading
     underlines (indented lines and rows of ``*``/``=``/``-``). No training prompt uses this corpus: the
-    built-in prompts read essays and ``.py`` modules under 200 kB, and ``pydoc_data/topics.py`` is a
-    ~750 kB generated table (checked by a test), so it is an evaluation-only haystack.
+    built-in prompts' standard-library reader skips the ``pydoc_data`` folder (checked by a test), so it is
+    an evaluation-only haystack.
     """
     from pydoc_data.topics import topics
 
