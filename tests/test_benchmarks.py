@@ -11,6 +11,7 @@ import pytest
 from lkv.eval.tasks import (
     TASKS,
     CodeCompletionTask,
+    CodeLookupTask,
     FidelityTask,
     LongBenchTask,
     NeedleTask,
@@ -42,7 +43,16 @@ def heldout_and_train(corpus) -> tuple[set[str], set[str]]:
 
 
 def test_registry_builds_every_task():
-    assert set(TASKS) == {"niah", "needle_families", "ruler", "code", "fidelity", "importance", "longbench"}
+    assert set(TASKS) == {
+        "niah",
+        "needle_families",
+        "ruler",
+        "code",
+        "code_lookup",
+        "fidelity",
+        "importance",
+        "longbench",
+    }
     assert isinstance(make_task("niah", lengths=[64]), NeedleTask)
     with pytest.raises(ValueError, match="unknown benchmark"):
         make_task("nope")
@@ -278,3 +288,28 @@ def test_longbench_reports_bad_files(tmp_path):
         load_records("qasper", str(tmp_path))
     with pytest.raises(ValueError, match="unknown LongBench task"):
         LongBenchTask("dureader")
+
+
+def test_code_lookup_asks_for_a_literal_assigned_once_in_its_window(tmp_path, tiny_tokenizer):
+    module = "".join(
+        f"LIMIT_{i} = {1000 + i}\nNAME_{i} = 'item{i}'\n\n\ndef f{i}(x):\n    total = x + LIMIT_{i}\n    return total\n\n\n"
+        for i in range(40)
+    )
+    (tmp_path / "consts.py").write_text(module)
+    task = CodeLookupTask(
+        lengths=(80,), depths=(0.2, 0.8), samples_per_cell=3, stdlib_dir=str(tmp_path), heldout_fraction=1.0
+    )
+    samples = task.samples(tiny_tokenizer)
+    assert len({s.id for s in samples}) == 6
+    for sample in samples:
+        code = sample.context.removeprefix("```python\n").removesuffix("```\n\n")
+        assert code in module
+        value = sample.answers[0]
+        name = re.search(r"`(\w+)`", sample.question).group(1)
+        assert f"{name} = {value}\n" in code and code.count(f"{name} = ") == 1
+        bare = value.strip("'")
+        assert task.score(f"The value is {bare}.", sample) == {"exact_match": 1.0}
+        assert task.score("The value is 7.", sample) == {"exact_match": 0.0}
+        tokens = len(tiny_tokenizer(code, add_special_tokens=False)["input_ids"])
+        assert 0.8 * 80 <= tokens <= 84  # counted line by line; joined lines tokenise a little shorter
+    assert task.samples(tiny_tokenizer) == samples  # deterministic

@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from lkv.benchmarks import TASKS, NeedleFamilyTask, encode_sample
-from lkv.benchmarks.needle_families import FAMILIES, IN_FAMILIES, OUT_FAMILIES
-from lkv.benchmarks.text import PYDOC_SOURCE, PydocProse, pydoc_prose, split_sentences
-from lkv.data.facts import FACT_FORMATS, TRAIN_KEYS, fact_format, formats
-from lkv.data.prompts import STDLIB_SOURCE, BuiltinPrompts, stdlib_documents
+from lkv.eval.tasks import TASKS, NeedleFamilyTask, encode_sample
+from lkv.eval.tasks.needle_families import FAMILIES, IN_FAMILIES, OUT_FAMILIES
+from lkv.eval.tasks.text import PYDOC_SOURCE, PydocProse, pydoc_prose, split_sentences
+from lkv.labels.facts import FACT_FORMATS, TRAIN_KEYS, fact_format, formats
+from lkv.labels.prompts import STDLIB_SOURCE, BuiltinPrompts, stdlib_documents
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 

@@ -42,7 +42,7 @@ _STDLIB_SKIP_DIRS = {
     "dist-packages",
     "__pycache__",
     "encodings",
-    "pydoc_data",  # the language reference's prose: the evaluation-only haystack of lkv.benchmarks.text
+    "pydoc_data",  # the language reference's prose: the evaluation-only haystack of lkv.eval.tasks.text
 }
 # Generated data files (_pydecimal, unicode tables) are the only sources above this; 200 kB ≈ 5K lines.
 _MAX_SOURCE_BYTES = 200_000

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from lkv.eval.tasks.base import Benchmark, Sample, Task, encode_sample
 from lkv.eval.tasks.code import CodeCompletionTask
+from lkv.eval.tasks.code_lookup import CodeLookupTask
 from lkv.eval.tasks.fidelity import FidelityTask
 from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
@@ -20,6 +21,7 @@ TASKS: dict[str, type[Benchmark]] = {
     "needle_families": NeedleFamilyTask,
     "ruler": RulerTask,
     "code": CodeCompletionTask,
+    "code_lookup": CodeLookupTask,
     "fidelity": FidelityTask,
     "importance": ImportanceTask,
     "longbench": LongBenchTask,
@@ -39,6 +41,7 @@ __all__ = [
     "TASKS",
     "Benchmark",
     "CodeCompletionTask",
+    "CodeLookupTask",
     "FidelityTask",
     "ImportanceTask",
     "LongBenchTask",
