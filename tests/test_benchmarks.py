@@ -290,7 +290,7 @@ def test_longbench_reports_bad_files(tmp_path):
         LongBenchTask("dureader")
 
 
-def test_code_lookup_asks_for_a_literal_assigned_once_in_its_window(tmp_path, tiny_tokenizer):
+def test_code_lookup_asks_for_a_number_assigned_once_in_its_window(tmp_path, tiny_tokenizer):
     module = "".join(
         f"LIMIT_{i} = {1000 + i}\nNAME_{i} = 'item{i}'\n\n\ndef f{i}(x):\n    total = x + LIMIT_{i}\n    return total\n\n\n"
         for i in range(40)
@@ -307,9 +307,12 @@ def test_code_lookup_asks_for_a_literal_assigned_once_in_its_window(tmp_path, ti
         value = sample.answers[0]
         name = re.search(r"`(\w+)`", sample.question).group(1)
         assert f"{name} = {value}\n" in code and code.count(f"{name} = ") == 1
-        bare = value.strip("'")
-        assert task.score(f"The value is {bare}.", sample) == {"exact_match": 1.0}
-        assert task.score("The value is 7.", sample) == {"exact_match": 0.0}
+        assert value.isdigit()  # numbers only: the string constants NAME_i are never asked for
+        assert sample.answer_prefix == f"`{name} = " and sample.stop == ("`", "\n")
+        for completion in (value, f" {value}"):
+            assert task.score(completion, sample) == {"exact_match": 1.0}
+        for completion in ("7", f"{value}0", f"x = {value}", f'"{value}"'):
+            assert task.score(completion, sample) == {"exact_match": 0.0}
         tokens = len(tiny_tokenizer(code, add_special_tokens=False)["input_ids"])
         assert 0.8 * 80 <= tokens <= 84  # counted line by line; joined lines tokenise a little shorter
     assert task.samples(tiny_tokenizer) == samples  # deterministic

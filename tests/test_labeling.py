@@ -113,3 +113,43 @@ def test_bad_scores_are_refused(tiny_llama, tmp_path):
     for bad, why in ((good * float("nan"), "NaN"), (good - 1, "negative"), (good * 2, "sum to 1")):
         with pytest.raises(ValueError, match=why):
             writer.add(id="b", prompt_ids=[1, 2, 3], response_ids=[1], scores=bad)
+
+
+def test_agnostic_label_is_the_question_and_response_attention_on_the_context(tiny_model):
+    model, tokenizer = tiny_model
+    torch.manual_seed(3)
+    context = torch.randint(0, model.config.vocab_size, (29,)).tolist()
+    question = torch.randint(0, model.config.vocab_size, (6,)).tolist()
+    label = label_prompt(model, context, 7, eos_ids(model, tokenizer), question_ids=question)
+    # The response is the one the whole prompt (context + question) gets...
+    aware = label_prompt(model, context + question, 7, eos_ids(model, tokenizer))
+    assert label.response_ids == aware.response_ids
+    # ...and the target covers the context only, from the question's and the response's queries.
+    full = torch.tensor([context + question + label.response_ids])
+    want = eager_reference(model, full, num_keys=29, first_query=29)
+    assert label.scores.shape[-1] == 29
+    torch.testing.assert_close(label.scores, want, atol=1e-5, rtol=0)
+    # Not the aware target cut to the context: the question's rows count too.
+    assert not torch.allclose(
+        label.scores, eager_reference(model, full, num_keys=29, first_query=35), atol=1e-4
+    )
+
+
+def test_split_prompt_cuts_where_agnostic_evaluation_cuts(tiny_tokenizer):
+    from lkv.core.chat import encode_context, encode_question
+    from lkv.labels.labeller import split_prompt
+
+    content = "alpha beta gamma delta " * 20 + "\n\nWhat comes after gamma?"
+    context, question = split_prompt(tiny_tokenizer, content, "What comes after gamma?", 1000, "error")
+    assert context == encode_context(tiny_tokenizer, content.removesuffix("\n\nWhat comes after gamma?"))
+    assert question == encode_question(tiny_tokenizer, "What comes after gamma?")
+    limit = len(question) + 30
+    short_context, same = split_prompt(tiny_tokenizer, content, "What comes after gamma?", limit, "middle")
+    assert same == question and short_context == context[:15] + context[-15:]
+    left, _ = split_prompt(tiny_tokenizer, content, "What comes after gamma?", limit, "left")
+    assert left == context[-30:]
+    assert split_prompt(tiny_tokenizer, content, "What comes after gamma?", limit, "skip") is None
+    with pytest.raises(ValueError, match=f"over max_prompt_tokens={limit}"):
+        split_prompt(tiny_tokenizer, content, "What comes after gamma?", limit, "error")
+    with pytest.raises(ValueError, match="does not end with its question"):
+        split_prompt(tiny_tokenizer, content, "Something else?", 1000, "error")

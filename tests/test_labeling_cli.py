@@ -136,3 +136,65 @@ def test_scores_are_float32_unless_asked_and_a_float16_folder_resumes_as_float16
     for row in load_labels(old):
         sums = row_scores(row, read_meta(old)).sum(-1)
         torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-2, rtol=0)
+
+
+def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_question(
+    saved_model, tiny_corpus, tmp_path
+):
+    from lkv.labels.labeller import split_prompt
+    from lkv.labels.prompts import BuiltinPrompts
+
+    essays, stdlib = tiny_corpus
+    prompts = BuiltinPrompts(
+        num_prompts=12,
+        min_words=40,
+        max_words=80,
+        heldout_fraction=0.5,
+        essays_dir=str(essays),
+        stdlib_dir=str(stdlib),
+    )
+    out = tmp_path / "agnostic"
+    label(
+        output=str(out),
+        prompts=prompts,
+        model=str(saved_model),
+        response_tokens=4,
+        max_prompt_tokens=512,
+        score_dtype="float32",
+        accelerator="cpu",
+        progress=False,
+        label_mode="agnostic",
+    )
+    data = load_labels(out)
+    meta = read_meta(out)
+    assert meta.extra["label_mode"] == "agnostic"
+    with_question = {p.id: p for p in prompts if "question" in p.meta}
+    assert 0 < len(with_question) < 12 and sorted(data["id"]) == sorted(
+        with_question
+    )  # instruction-first skipped
+    model, tokenizer = load_backbone(str(saved_model))
+    for row in data:
+        prompt = with_question[row["id"]]
+        context, question = split_prompt(
+            tokenizer, prompt.messages[0]["content"], prompt.meta["question"], 512, "middle"
+        )
+        assert row["prompt_ids"] == context
+        want = label_prompt(model, context, 4, eos_ids(model, tokenizer), question_ids=question)
+        torch.testing.assert_close(row_scores(row, meta), want.scores, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="label_mode='agnostic', this run asks for 'aware'"):
+        label(
+            output=str(out),
+            prompts=prompts,
+            model=str(saved_model),
+            response_tokens=4,
+            max_prompt_tokens=512,
+            score_dtype="float32",
+        )
+    with pytest.raises(ValueError, match="needs --store_scores true"):
+        label(
+            output=str(tmp_path / "x"),
+            prompts=prompts,
+            model=str(saved_model),
+            label_mode="agnostic",
+            store_scores=False,
+        )

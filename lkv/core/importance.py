@@ -17,7 +17,8 @@ def response_importance(
 
     Args:
         cache: the prompt's cache, exactly ``prompt_len`` entries long; restored to that length on return.
-        response_ids: ``(1, R)`` response tokens.
+        response_ids: ``(1, R)`` tokens whose queries are reduced: the response, or (question-agnostic
+            labels) the question followed by the response.
 
     Returns:
         ``(layers, kv_heads, prompt_len)`` fp32; each ``[l, h]`` row sums to 1.

@@ -38,6 +38,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.chat import encode_context, encode_question
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
@@ -46,35 +47,7 @@ from lkv.eviction.registry import make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import exported_base_model
 
-# Stands in for the user's text while the chat template is rendered, to split the template around it.
-_PLACEHOLDER = "\x00lkv-content\x00"
-
 Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
-
-
-def chat_parts(tokenizer: PreTrainedTokenizerBase) -> tuple[str, str]:
-    """``(prefix, suffix)`` of the tokenizer's chat template around one user message (empty without one)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return "", ""
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _PLACEHOLDER}], add_generation_prompt=True, tokenize=False
-    )
-    prefix, found, suffix = rendered.partition(_PLACEHOLDER)
-    if not found:
-        raise ValueError("the tokenizer's chat template drops the user message; pass token ids instead")
-    return prefix, suffix
-
-
-def encode_context(tokenizer: PreTrainedTokenizerBase, context: str) -> list[int]:
-    """Question-agnostic context tokens: the chat template's opening + ``context`` (the user turn stays open)."""
-    prefix, _ = chat_parts(tokenizer)
-    return tokenizer(prefix + context, add_special_tokens=False)["input_ids"]
-
-
-def encode_question(tokenizer: PreTrainedTokenizerBase, question: str, separator: str = "\n\n") -> list[int]:
-    """Tokens appended to an (encoded) context: ``separator + question`` + the template's closing."""
-    _, suffix = chat_parts(tokenizer)
-    return tokenizer(separator + question + suffix, add_special_tokens=False)["input_ids"]
 
 
 @dataclass

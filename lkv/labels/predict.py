@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader
 
 from lkv.core.generation import eos_ids
-from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.labeller import LABEL_MODES, label_prompt, make_meta, split_prompt
 from lkv.labels.prompts import Prompt, PromptSource, render_prompt
 from lkv.labels.shards import META_FILE, ShardWriter, finished_ids, read_meta, shard_files
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
@@ -38,6 +38,7 @@ class LabelingModule(L.LightningModule):
         max_prompt_tokens: int = 2048,
         truncation: str = "middle",
         store_scores: bool = True,
+        label_mode: str = "aware",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -56,13 +57,28 @@ class LabelingModule(L.LightningModule):
     def predict_step(self, batch: list[Prompt], batch_idx: int) -> dict[str, Any] | None:
         (prompt,) = batch
         hp = self.hparams
-        ids = render_prompt(prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation)
+        question = None
+        if hp.label_mode == "agnostic":
+            users = [m for m in prompt.messages if m["role"] == "user"]
+            if len(prompt.messages) != 1 or "question" not in prompt.meta:
+                log.warning("skipping prompt %s: no single user turn ending in a known question", prompt.id)
+                return None
+            split = split_prompt(
+                self.tokenizer,
+                users[0]["content"],
+                prompt.meta["question"],
+                hp.max_prompt_tokens,
+                hp.truncation,
+            )
+            ids, question = split if split is not None else (None, None)
+        else:
+            ids = render_prompt(prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation)
         if ids is None:
             log.warning(
                 "skipping prompt %s: longer than max_prompt_tokens=%d", prompt.id, hp.max_prompt_tokens
             )
             return None
-        label = label_prompt(self.backbone, ids, hp.response_tokens, self.eos, hp.store_scores)
+        label = label_prompt(self.backbone, ids, hp.response_tokens, self.eos, hp.store_scores, question)
         return {"prompt": prompt, "prompt_ids": ids, "label": label}
 
 
@@ -90,6 +106,7 @@ class ShardPredictionWriter(BasePredictionWriter):
             store_scores=hp.store_scores,
             prompt_source=self.prompt_source,
         )
+        meta.extra["label_mode"] = hp.label_mode
         self.writer = ShardWriter(self.output, meta, self.shard_size, rank=trainer.global_rank)
 
     def write_on_batch_end(
@@ -121,9 +138,10 @@ def _check_resumable(output: Path, **settings: Any) -> None:
         return
     meta = read_meta(output)
     for key, value in settings.items():
-        if getattr(meta, key) != value:
+        found = meta.extra.get(key, "aware") if key == "label_mode" else getattr(meta, key)
+        if found != value:
             raise ValueError(
-                f"{output} already holds labels with {key}={getattr(meta, key)!r}, this run asks for {value!r}; "
+                f"{output} already holds labels with {key}={found!r}, this run asks for {value!r}; "
                 "use another --output or delete it"
             )
 
@@ -158,6 +176,7 @@ def label(
     num_nodes: int = 1,
     strategy: str = "auto",
     progress: bool = True,
+    label_mode: Literal["aware", "agnostic"] = "aware",
 ) -> str:
     """Generate each prompt's greedy response and its ground-truth importance, as parquet label shards.
 
@@ -178,7 +197,19 @@ def label(
         attn_implementation: ``sdpa`` (default), ``eager``, ``flash_attention_2``...
         accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
         progress: show a progress bar.
+        label_mode: ``aware`` (the paper): the module sees the whole prompt and the target is the response's
+            attention. ``agnostic``: the module sees only the context (the prompt without its trailing
+            question) and the target is the attention that the question *and* the response pay to the context
+            — a module for question-agnostic compression. Needs prompts that name their question
+            (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) and stored scores.
     """
+    if label_mode not in LABEL_MODES:
+        raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
+    if label_mode == "agnostic" and not store_scores:
+        raise ValueError(
+            "--label_mode agnostic needs --store_scores true: online targets are computed from the stored "
+            "prompt and response alone, and the question would be missing"
+        )
     for name, value in (
         ("response_tokens", response_tokens),
         ("max_prompt_tokens", max_prompt_tokens),
@@ -196,6 +227,7 @@ def label(
         truncation=truncation,
         score_dtype=score_dtype,
         store_scores=store_scores,
+        label_mode=label_mode,
     )
     all_prompts = list(prompts)
     if not all_prompts:
@@ -216,7 +248,14 @@ def label(
     )
     if todo:
         module = LabelingModule(
-            model, dtype, attn_implementation, response_tokens, max_prompt_tokens, truncation, store_scores
+            model,
+            dtype,
+            attn_implementation,
+            response_tokens,
+            max_prompt_tokens,
+            truncation,
+            store_scores,
+            label_mode,
         )
         writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
         trainer = L.Trainer(
@@ -235,5 +274,8 @@ def label(
         # Every rank's last shard is flushed before any rank counts the folder.
         trainer.strategy.barrier("lkv-label-flushed")
         if writer.skipped:
-            print(f"lkv label: skipped {writer.skipped} prompts longer than {max_prompt_tokens} tokens")
+            reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
+            print(
+                f"lkv label: skipped {writer.skipped} prompts ({reason}; max_prompt_tokens={max_prompt_tokens})"
+            )
     return f"{len(finished_ids(folder))} labelled prompts in {len(shard_files(folder))} shards at {folder}"

@@ -366,7 +366,11 @@ class BuiltinPrompts(PromptSource):
         else:
             intro = rng.choice(_PROSE_INTROS)
         # Mostly question-after-context (what LookaheadKV must anticipate), sometimes instruction first.
-        parts = [instruction, intro, passage] if rng.random() < 0.2 else [intro, passage, instruction]
+        if rng.random() < 0.2:
+            parts = [instruction, intro, passage]
+        else:
+            parts = [intro, passage, instruction]
+            meta["question"] = instruction  # the trailing question: question-agnostic labels cut here
         messages = [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
         # The content hash keeps ids distinct across settings: label runs resume by skipping known ids.
         digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]

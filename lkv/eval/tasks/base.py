@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eviction.compressor import chat_parts
+from lkv.core.chat import chat_parts
 
 
 @dataclass
@@ -51,7 +51,7 @@ def encode_sample(sample: Sample, tokenizer: PreTrainedTokenizerBase) -> tuple[l
     """``(context_ids, question_ids)``; the prompt is their concatenation in both settings.
 
     With ``chat`` the context ids start with the chat template's opening and the question ids end with its
-    closing (+ ``answer_prefix``), as :func:`lkv.eviction.compressor.encode_context` / ``encode_question`` do. Raw
+    closing (+ ``answer_prefix``), as :func:`lkv.core.chat.encode_context` / ``encode_question`` do. Raw
     text gets the tokenizer's own special tokens (e.g. a BOS), as LongBench's ``pred.py`` tokenises it.
     """
     prefix, suffix = chat_parts(tokenizer) if sample.chat else ("", "")

@@ -3,9 +3,10 @@
 Next-line completion (:mod:`lkv.eval.tasks.code`) is beyond a 135M model even with the full cache (FullKV
 edit similarity ≈ 0.16, exact match 0 of 6 at 1K tokens; see the class docstring), so its eviction
 differences are noise. This task keeps real held-out code but asks for something the context decides: the
-literal assigned to a name (``_MAXLINE = 65536`` → "What value does the code assign to `_MAXLINE`?"). The
+number assigned to a name (``_MAXLINE = 65536`` → "What value does the code assign to `_MAXLINE`?"). The
 assignment sits at a chosen depth of a ``length``-token window of the module; the name is assigned exactly
-once in that window; the score is an exact (case-sensitive) match of the literal inside the answer.
+once in that window. The answer opens with a backtick and ``NAME = `` and stops at a backtick or newline; the score is an
+exact match of what follows with the literal.
 
 The question wording is used by no training prompt (whose code families explain, document, list or quote
 code, :mod:`lkv.labels.instructions`).
@@ -22,15 +23,17 @@ from lkv.eval.tasks.base import Sample, Task
 from lkv.eval.tasks.text import heldout_code, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
-# NAME = literal: a number or a short one-line string, optionally followed by a comment.
-_ASSIGNMENT = re.compile(
-    r"^\s*([A-Za-z_][A-Za-z0-9_]{2,})\s*=\s*(-?\d[\d_.xXa-fA-F]*|'[^'\n\\]{1,40}'|\"[^\"\n\\]{1,40}\")\s*(?:#.*)?$"
-)
+# NAME = number of 2+ digits, then an optional comment (0, 1 and -1 are too easy to guess to tell retrieval
+# from luck). String literals were tried too: with the full cache SmolLM2-135M copied 3 of 3 numbers but
+# only 1 of 3 strings, so strings measure the model rather than the cache.
+_ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]{2,})\s*=\s*(-?\d[\d_.xXa-fA-F]+)\s*(?:#.*)?$")
 _ANY_ASSIGNMENT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*(?:[-+*/|&]?=)(?!=)")
 QUESTIONS = (
     "In the code above, what value is assigned to `{name}`? Answer with the value only.",
     "What does the code set `{name}` to? Reply with the literal value.",
 )
+# The answer opens with the assignment, so the model completes the line it has seen (RULER-style prefix).
+ANSWER_PREFIX = "`{name} = "
 
 
 class CodeLookupTask(Task):
@@ -44,7 +47,7 @@ class CodeLookupTask(Task):
         lengths: context sizes in tokens.
         depths: share of the window's tokens before the assignment.
         samples_per_cell: samples per (length, depth), each from a randomly drawn module and assignment.
-        max_new_tokens: answer length (a literal of ≤ 40 characters and a short preamble).
+        max_new_tokens: answer length (the number and a closing backtick).
         seed: base seed.
         stdlib_dir: Python source tree (default: the running interpreter's standard library).
         heldout_fraction: the train/held-out split of the training prompts.
@@ -132,12 +135,12 @@ class CodeLookupTask(Task):
                 question=rng.choice(QUESTIONS).format(name=name),
                 answers=[value],
                 max_new_tokens=self.max_new_tokens,
+                answer_prefix=ANSWER_PREFIX.format(name=name),
+                stop=("`", "\n"),
                 meta={"length": length, "depth": depth, "docs": [doc_id], "line": target + 1},
             )
         return None
 
     def score(self, prediction: str, sample: Sample, reference: str | None = None) -> dict[str, float]:
-        value = sample.answers[0]
-        # A string literal counts with or without its quotes.
-        bare = value[1:-1] if value[:1] in "'\"" else value
-        return {"exact_match": float(value in prediction or bare in prediction)}
+        # The completed line's value (generation stops at a closing backtick or newline).
+        return {"exact_match": float(prediction.strip().rstrip(";,") == sample.answers[0])}
