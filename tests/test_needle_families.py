@@ -72,9 +72,7 @@ def test_distractors_share_a_format_but_not_key_or_value(tiny_corpus, tiny_token
 
 
 def test_in_distribution_families_use_the_training_formats_and_keys(tiny_corpus, tiny_tokenizer):
-    samples = task(tiny_corpus, distribution="in", haystacks=("essays",), samples_per_cell=2).samples(
-        tiny_tokenizer
-    )
+    samples = task(tiny_corpus, distribution="in", samples_per_cell=2).samples(tiny_tokenizer)  # essays only
     assert {s.meta["family"] for s in samples} == set(IN_FAMILIES)
     for sample in samples:
         fmt = fact_format(sample.meta["family"])
@@ -120,6 +118,11 @@ def test_pydoc_needles_sit_in_pydoc_text(tiny_corpus, tiny_tokenizer):
     (sample,) = samples
     assert all(doc.startswith(PYDOC_SOURCE) for doc in sample.meta["docs"])
     assert sample.meta["haystack"] == "pydoc"
+
+
+def test_default_haystacks_follow_the_distribution():
+    assert NeedleFamilyTask(distribution="in").haystacks == ("essays",)
+    assert NeedleFamilyTask(distribution="out").haystacks == ("essays", "pydoc")
 
 
 def test_registry_and_family_table():

@@ -82,7 +82,8 @@ class NeedleFamilyTask(Task):
     Args:
         distribution: ``in`` (task ``needle_id``: trained families on essays) or ``out`` (``needle_ood``).
         families: family names (see :data:`FAMILIES`); default: :data:`IN_FAMILIES` or :data:`OUT_FAMILIES`.
-        haystacks: ``essays`` and/or ``pydoc``; ``in`` allows only ``essays``.
+        haystacks: ``essays`` and/or ``pydoc``; ``in`` allows only ``essays``. Default: ``essays`` for ``in``,
+            both for ``out``.
         lengths: haystack sizes in tokens.
         depths: depth of the (first) needle, the share of the haystack's tokens before it.
         samples_per_cell: samples per (family, haystack, length, depth).
@@ -99,7 +100,7 @@ class NeedleFamilyTask(Task):
         self,
         distribution: Distribution = "out",
         families: tuple[str, ...] | None = None,
-        haystacks: tuple[str, ...] = HAYSTACKS,
+        haystacks: tuple[str, ...] | None = None,
         lengths: tuple[int, ...] = (1024, 2048),
         depths: tuple[float, ...] = (0.1, 0.5, 0.9),
         samples_per_cell: int = 1,
@@ -111,11 +112,12 @@ class NeedleFamilyTask(Task):
         if distribution not in ("in", "out"):
             raise ValueError(f"distribution must be 'in' or 'out', got {distribution!r}")
         families = tuple(families or (IN_FAMILIES if distribution == "in" else OUT_FAMILIES))
+        haystacks = tuple(haystacks or (("essays",) if distribution == "in" else HAYSTACKS))
         unknown = [f for f in families if f not in FAMILIES]
         if unknown:
             raise ValueError(f"unknown needle families {unknown}; choose from {', '.join(FAMILIES)}")
         bad_haystacks = [h for h in haystacks if h not in HAYSTACKS]
-        if not haystacks or bad_haystacks:
+        if bad_haystacks:
             raise ValueError(f"haystacks must be a non-empty subset of {HAYSTACKS}, got {haystacks}")
         if distribution == "in":
             untrained = [f for f in families if not FAMILIES[f].trained]
