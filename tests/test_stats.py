@@ -174,3 +174,10 @@ def test_small_cells_are_labelled_a_smoke_test(tmp_path):
     text = write_report(rows, tmp_path).read_text()
     assert "n = 6 per cell) — *smoke test" in text
     assert "| snapkv | 33.3 [10, 70] |" in text
+
+
+def test_a_report_of_fullkv_alone_has_no_comparisons_or_family_tables(tmp_path):
+    rows = _rows({("fullkv", "full"): [1.0, 0.0, 1.0, 1.0]})
+    text = write_report(rows, tmp_path).read_text()
+    assert "| fullkv |" in text and "Paired comparisons" not in text
+    assert "by needle family" not in text and not (tmp_path / "comparisons.csv").exists()

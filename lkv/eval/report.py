@@ -155,6 +155,8 @@ def family_tables(rows: Sequence[dict[str, Any]], methods: Sequence[str] = ()) -
         for setting in _order((r["setting"] for r in chosen), list(SETTING_NAMES)):
             here = [r for r in chosen if r["setting"] == setting]
             budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=_budget_sort_key)
+            if not budgets:
+                continue  # FullKV alone: the main table already gives its score
             cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
             for r in here:
                 cells[(r["meta"]["family"], r["method"], r["budget"])].append(r["score"])
