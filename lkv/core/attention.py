@@ -137,8 +137,25 @@ class ImportanceCapture:
             )
         if num_layers is not None and self.layers != list(range(num_layers)):
             raise RuntimeError(f"captured layers {self.layers}, expected 0..{num_layers - 1}")
-        stacked = torch.stack([self._sums[i] for i in self.layers], dim=1)
-        return stacked / stacked.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(stacked.dtype).tiny)
+        return _normalise(torch.stack([self._sums[i] for i in self.layers], dim=1))
+
+    def take(self, layer_idx: int) -> torch.Tensor:
+        """One layer's normalised importance ``(batch, kv_heads, S)``, its running sum then dropped.
+
+        Layer-streamed eviction (:mod:`lkv.eviction.streamed`) scores each layer as soon as it is observed,
+        so the sums of all layers never need to be held at once.
+        """
+        if layer_idx not in self._sums:
+            raise RuntimeError(
+                f"no attention was captured for layer {layer_idx} (observed so far: {self.layers}); was the "
+                f"forward pass given {CAPTURE_KWARG}=...?"
+            )
+        return _normalise(self._sums.pop(layer_idx))
+
+
+def _normalise(sums: torch.Tensor) -> torch.Tensor:
+    """``sums (..., S)`` divided by their total over the last dimension (rows of zeros stay zero)."""
+    return sums / sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(sums.dtype).tiny)
 
 
 def grouped_attention(

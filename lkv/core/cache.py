@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class CompressedCache(DynamicCache):
@@ -59,19 +59,25 @@ def gather_cache(cache: DynamicCache, indices: Sequence[torch.Tensor]) -> Compre
     """
     if len(indices) != len(cache.layers):
         raise ValueError(f"got kept positions for {len(indices)} layers, the cache has {len(cache.layers)}")
-    for layer_idx, (layer, index) in enumerate(zip(cache.layers, indices, strict=True)):
-        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-            raise NotImplementedError(
-                f"layer {layer_idx} is a {type(layer).__name__}; only full-attention cache layers can be compressed"
-            )
-        if layer.keys.shape[0] != 1 or index.shape[:2] != layer.keys.shape[:2]:
-            raise ValueError(
-                f"layer {layer_idx}: positions of shape {tuple(index.shape)} do not fit keys of shape "
-                f"{tuple(layer.keys.shape)} (one sequence, one row of positions per KV head)"
-            )
-        layer.keys = _gather(layer.keys, index)
-        layer.values = _gather(layer.values, index)
+    for layer_idx, index in enumerate(indices):
+        gather_layer(cache, layer_idx, index)
     return CompressedCache(cache.layers)
+
+
+def gather_layer(cache: DynamicCache, layer_idx: int, index: torch.Tensor) -> None:
+    """Keep only ``index (1, kv_heads, C)`` (ascending positions) of layer ``layer_idx`` of ``cache``, in place."""
+    layer = cache.layers[layer_idx]
+    if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+        raise NotImplementedError(
+            f"layer {layer_idx} is a {type(layer).__name__}; only full-attention cache layers can be compressed"
+        )
+    if layer.keys.shape[0] != 1 or index.shape[:2] != layer.keys.shape[:2]:
+        raise ValueError(
+            f"layer {layer_idx}: positions of shape {tuple(index.shape)} do not fit keys of shape "
+            f"{tuple(layer.keys.shape)} (one sequence, one row of positions per KV head)"
+        )
+    layer.keys = _gather(layer.keys, index)
+    layer.values = _gather(layer.values, index)
 
 
 def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -81,9 +87,10 @@ def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def cache_bytes(cache: DynamicCache) -> int:
     """Bytes held by the cache's key and value tensors (``numel · element_size``, all layers)."""
-    total = 0
-    for layer in cache.layers:
-        for states in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if states is not None:
-                total += states.numel() * states.element_size()
-    return total
+    return sum(layer_bytes(layer) for layer in cache.layers)
+
+
+def layer_bytes(layer: CacheLayerMixin) -> int:
+    """Bytes held by one cache layer's key and value tensors."""
+    states = (getattr(layer, "keys", None), getattr(layer, "values", None))
+    return sum(t.numel() * t.element_size() for t in states if t is not None)

@@ -133,13 +133,16 @@ class StopStrings:
 
 
 @torch.no_grad()
-def prefill(model: PreTrainedModel, input_ids: torch.Tensor, **kwargs) -> tuple[DynamicCache, torch.Tensor]:
+def prefill(
+    model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache | None = None, **kwargs
+) -> tuple[DynamicCache, torch.Tensor]:
     """Run the prompt once and return its KV cache and the next-token logits.
 
     The LM head is applied to the last position only (``logits_to_keep=1``): no ``S × vocab`` logits.
 
     Args:
         input_ids: ``(batch, S)`` prompt tokens.
+        cache: an empty cache to fill (default: a new one); hooks may already hold it (layer-streamed eviction).
         kwargs: extra forward arguments (e.g. ``lkv_capture=...``).
 
     Returns:
@@ -147,7 +150,7 @@ def prefill(model: PreTrainedModel, input_ids: torch.Tensor, **kwargs) -> tuple[
     """
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be (batch, S) with S ≥ 1, got shape {tuple(input_ids.shape)}")
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=model.config) if cache is None else cache
     out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
     return cache, out.logits[:, -1].float()
 

@@ -44,6 +44,7 @@ from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeT
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
 from lkv.eviction.registry import make_method
+from lkv.eviction.streamed import streamed_compress
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import exported_base_model
 
@@ -170,6 +171,10 @@ class Compressor:
         kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``max``/``avg``).
         decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
+        streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
+            (:mod:`lkv.eviction.streamed`: only one layer's full K/V at a time, same result). Presses that need
+            the whole prompt first (Oracle, LAQ, SpecKV, decode-time methods) keep the two-phase path;
+            :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
     """
 
     def __init__(
@@ -183,6 +188,7 @@ class Compressor:
         kernel: int = 1,
         pooling: str = "max",
         decode_policy: DecodePolicy | None = None,
+        streamed: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -203,6 +209,7 @@ class Compressor:
         if pooling not in ("max", "avg"):
             raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
         self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
+        self.streamed = streamed
         self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)
 
     @property
@@ -288,19 +295,8 @@ class Compressor:
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            sink, recent = self.press.protected(scored.prompt_len)
-            if isinstance(self.press, DecodeTimePress):
-                # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
-                policy_sink, policy_recent = self.press.decode_policy.prompt_window(tokens)
-                sink, recent = max(sink, policy_sink), max(recent, policy_recent)
-            kept = select_indices(
-                scored.scores,
-                budgets,
-                max(sink, self.sink),
-                max(recent, self.recent),
-                self.kernel,
-                self.pooling,
-            )
+            sink, recent = self._protected(scored.prompt_len, tokens)
+            kept = select_indices(scored.scores, budgets, sink, recent, self.kernel, self.pooling)
             cache = gather_cache(cache, kept)
         evicted = _clock(self.device)
         return CompressedPrompt(
@@ -317,13 +313,54 @@ class Compressor:
             layer_budgets=budgets,
         )
 
+    def _protected(self, prompt_len: int, tokens: int) -> tuple[int, int]:
+        """``(sink, recent)`` the selector always keeps: the method's own, the policy's, the user's."""
+        sink, recent = self.press.protected(prompt_len)
+        if isinstance(self.press, DecodeTimePress):
+            # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
+            policy_sink, policy_recent = self.press.decode_policy.prompt_window(tokens)
+            sink, recent = max(sink, policy_sink), max(recent, policy_recent)
+        return max(sink, self.sink), max(recent, self.recent)
+
     def compress(self, prompt: Prompt) -> CompressedPrompt:
         """Prefill ``prompt`` and evict down to the budget (nothing is evicted when it fits; nothing is scored
-        either, unless a decode-time policy may seed from the scores)."""
+        either, unless a decode-time policy may seed from the scores). Layer by layer when ``streamed``."""
         ids = self.encode(prompt)
-        fits = all(budget >= ids.shape[1] for budget in self.layer_budgets(self.budget, ids.shape[1]))
+        budgets = self.layer_budgets(self.budget, ids.shape[1])
+        fits = all(budget >= ids.shape[1] for budget in budgets)
+        if self.streamed and self.press.streamable and not fits:
+            return self._compress_streamed(ids, budgets)
         with_scores = not fits or self.decode_policy is not None
         return self.evict(self._score(ids, with_scores=with_scores), in_place=True)
+
+    def _compress_streamed(self, ids: torch.Tensor, budgets: list[int]) -> CompressedPrompt:
+        tokens = budget_tokens(self.budget, ids.shape[1])
+        sink, recent = self._protected(ids.shape[1], tokens)
+        out = streamed_compress(
+            self.model,
+            self.press,
+            ids,
+            budgets,
+            sink,
+            recent,
+            self.kernel,
+            self.pooling,
+            keep_scores=self.decode_policy is not None,  # a decode-time policy may seed from them
+            clock=lambda: _clock(self.device),
+        )
+        return CompressedPrompt(
+            cache=out.cache,
+            next_logits=out.next_logits,
+            prompt_len=ids.shape[1],
+            kept=out.kept,
+            scores=out.scores,
+            kv_bytes_full=out.kv_bytes_full,
+            kv_bytes_kept=cache_bytes(out.cache),
+            prefill_s=out.prefill_s,
+            eviction_s=out.eviction_s,
+            budget=tokens,
+            layer_budgets=budgets,
+        )
 
     def compress_context(self, context: str | Sequence[int] | torch.Tensor) -> CompressedPrompt:
         """Question-agnostic: compress a context before any question is known (text: :func:`encode_context`)."""

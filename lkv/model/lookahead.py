@@ -3,7 +3,8 @@
 After a prompt's prefill (adapter off, so the cache is exactly the base model's), :meth:`LookaheadAdapter.predict`
 appends the ``M`` embeddings at positions ``S..S+M-1`` with the adapter on, reads their attention on the
 prompt keys through an :class:`~lkv.core.attention.ImportanceCapture`, then crops their K/V away and switches the
-adapter off again. Only the embeddings and the LoRA weights train; the LLM is frozen (docs/design.md §1).
+adapter off again. :meth:`LookaheadAdapter.stream` computes the same, one layer at a time beside the prompt's
+prefill (layer-streamed eviction, :mod:`lkv.eviction.streamed`). Only the embeddings and the LoRA weights train; the LLM is frozen (docs/design.md §1).
 
 An exported folder (:meth:`LookaheadAdapter.save`) holds::
 
@@ -25,6 +26,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
+from transformers.masking_utils import create_causal_mask
 
 from lkv import __version__
 from lkv.core.attention import ImportanceCapture
@@ -277,13 +279,9 @@ class LookaheadAdapter(nn.Module):
             raise ValueError(
                 f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}"
             )
-        base = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        base = self.base_model
         decoder = base.get_decoder()
-        dtype = base.get_input_embeddings().weight.dtype
-        embeds = self.embeddings.to(dtype)[None]
-        positions = torch.arange(prompt_len, prompt_len + self.config.num_tokens, device=embeds.device)[None]
-        # the capture computes the M queries' attention output too: the layer's kernel would repeat its logits
-        capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
+        embeds, positions, capture = self._inputs(prompt_len)
         self._set_adapter(True)
         try:
             decoder(
@@ -293,3 +291,90 @@ class LookaheadAdapter(nn.Module):
             crop_to(cache, prompt_len)
             self._set_adapter(False)
         return capture.scores(base.config.num_hidden_layers)
+
+    def stream(self, cache: DynamicCache, prompt_len: int) -> LookaheadStream:
+        """The lookahead tokens' residual stream beside a layer-by-layer prefill of the prompt into ``cache``."""
+        return LookaheadStream(self, cache, prompt_len)
+
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The model the adapter is injected into (the one that prefills and decodes)."""
+        return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+
+    def _inputs(self, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor, ImportanceCapture]:
+        """``(embeds (1, M, hidden), positions (1, M), capture)`` of a lookahead step after ``prompt_len`` tokens."""
+        embeds = self.embeddings.to(self.base_model.get_input_embeddings().weight.dtype)[None]
+        positions = torch.arange(prompt_len, prompt_len + self.config.num_tokens, device=embeds.device)[None]
+        # the capture computes the M queries' attention output too: the layer's kernel would repeat its logits
+        return embeds, positions, ImportanceCapture(num_keys=prompt_len, computes_output=True)
+
+
+class LookaheadStream:
+    """The ``M`` lookahead tokens run layer by layer beside a prompt's prefill (docs/design.md §1, Eviction).
+
+    The adapter touches only the lookahead tokens and they come last, so at layer ``l`` they need only layer
+    ``l``'s prompt K/V and their own hidden state from layer ``l − 1``: :meth:`layer_scores` runs them through
+    layer ``l`` as soon as the prompt has passed it, and returns the same scores as :meth:`LookaheadAdapter.predict`
+    after a full prefill — while earlier layers may already be evicted and later ones are still empty.
+
+    Args:
+        adapter: the lookahead module; cache: the cache the prompt is being prefilled into (adapter off);
+        prompt_len: ``S``.
+    """
+
+    def __init__(self, adapter: LookaheadAdapter, cache: DynamicCache, prompt_len: int) -> None:
+        base = adapter.base_model
+        self.decoder = base.get_decoder()
+        if not hasattr(self.decoder, "rotary_emb"):
+            raise NotImplementedError(
+                f"{type(self.decoder).__name__} has no shared rotary embedding: cannot stream the lookahead tokens"
+            )
+        types = set(getattr(base.config, "layer_types", None) or ["full_attention"])
+        if types != {"full_attention"}:
+            raise NotImplementedError(f"layer-streamed lookahead needs full-attention layers only, got {types}")
+        self.adapter = adapter
+        self.cache = cache
+        self.prompt_len = prompt_len
+        # (1, M, hidden): the lookahead tokens' residual stream, the output of the last layer run
+        self.hidden, self.positions, self.capture = adapter._inputs(prompt_len)
+        self.position_embeddings = self.decoder.rotary_emb(self.hidden, position_ids=self.positions)
+
+    def layer_scores(self, layer_idx: int) -> torch.Tensor:
+        """Run the lookahead tokens through layer ``layer_idx`` (adapter on) and return their importance.
+
+        Layer ``layer_idx`` of the cache must hold exactly the prompt's ``S`` entries; their K/V are cropped away
+        again (and the adapter switched off) even on error.
+
+        Returns:
+            ``(1, kv_heads, S)`` float32, summing to 1 over ``S``.
+        """
+        layer_cache = self.cache.layers[layer_idx]
+        if layer_cache.get_seq_length() != self.prompt_len:
+            raise ValueError(
+                f"layer {layer_idx} of the cache holds {layer_cache.get_seq_length()} entries, expected the "
+                f"prompt's {self.prompt_len}"
+            )
+        # the mask predict's decoder builds, sized from this layer (earlier layers may already be evicted)
+        mask = create_causal_mask(
+            config=self.decoder.config,
+            inputs_embeds=self.hidden,
+            attention_mask=None,
+            cache=self.cache,
+            position_ids=self.positions,
+            layer_idx=layer_idx,
+        )
+        self.adapter._set_adapter(True)
+        try:
+            self.hidden = self.decoder.layers[layer_idx](
+                self.hidden,
+                attention_mask=mask,
+                position_ids=self.positions,
+                cache=self.cache,
+                use_cache=True,
+                position_embeddings=self.position_embeddings,
+                lkv_capture=self.capture,
+            )
+        finally:
+            layer_cache.crop(self.prompt_len - layer_cache.get_seq_length())
+            self.adapter._set_adapter(False)
+        return self.capture.take(layer_idx)

@@ -5,7 +5,7 @@ One file per method; :mod:`lkv.eviction.registry` names them (``make_method("sna
 
 from __future__ import annotations
 
-from lkv.eviction.presses.base import Press, PressContext, pool_scores
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext, pool_scores
 from lkv.eviction.presses.full import FullKVPress
 from lkv.eviction.presses.h2o import H2OPress
 from lkv.eviction.presses.laq import LAQPress
@@ -22,6 +22,7 @@ __all__ = [
     "FullKVPress",
     "H2OPress",
     "LAQPress",
+    "LayerScorer",
     "LookaheadKVPress",
     "OraclePress",
     "Press",
@@ -30,6 +31,7 @@ __all__ = [
     "RandomPress",
     "SnapKVPress",
     "SpecKVPress",
+    "StreamContext",
     "StreamingLLMPress",
     "TOVAPress",
     "pool_scores",

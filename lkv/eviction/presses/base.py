@@ -9,7 +9,9 @@ Turning scores into a compressed cache is the shared selector's job, never the p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,31 @@ class PressContext:
         return self.prompt_ids.shape[1]
 
 
+@dataclass
+class StreamContext:
+    """What a press may read while the prompt is prefilled layer by layer (:mod:`lkv.eviction.streamed`).
+
+    Attributes:
+        model: the frozen model (adapters, if any, disabled).
+        prompt_ids: ``(1, S)`` prompt tokens.
+        cache: the cache being filled: when layer ``l`` is scored, layer ``l`` holds the prompt's ``S``
+            entries, earlier layers their compressed ones, later layers nothing yet.
+        capture: the press's prefill capture (``None`` if it asked for none); layer ``l`` has been observed.
+    """
+
+    model: PreTrainedModel
+    prompt_ids: torch.Tensor
+    cache: DynamicCache
+    capture: ImportanceCapture | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return self.prompt_ids.shape[1]
+
+
+LayerScorer = Callable[[int], torch.Tensor]
+
+
 class Press(ABC):
     """An eviction method: scores ``(1, layers, kv_heads, S)``, higher = keep.
 
@@ -51,6 +78,8 @@ class Press(ABC):
     """
 
     name: str = "press"
+    # True when layer l's scores depend on layers ≤ l only (layer-streamed eviction: :meth:`layer_scorer`)
+    streamable: ClassVar[bool] = False
 
     def prefill_capture(self, prompt_len: int) -> ImportanceCapture | None:
         """Capture to attach to the prompt's prefill, or ``None``."""
@@ -59,6 +88,17 @@ class Press(ABC):
     @abstractmethod
     def score(self, ctx: PressContext) -> torch.Tensor:
         """Importance ``(1, layers, kv_heads, S)`` of every prompt position (any monotone scale)."""
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        """For layer-streamed eviction: ``layer_idx → (1, kv_heads, S)`` scores of that layer, equal to
+        ``score(...)[:, layer_idx]`` of the two-phase path.
+
+        Called once before the prefill; the returned function is called for layers ``0, 1, ...`` in turn, each
+        time right after the prompt has passed that layer (before the layer is cut to its budget).
+        """
+        raise NotImplementedError(
+            f"{self.name} needs the whole prompt before it can score a layer; it has no layer-streamed eviction"
+        )
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         """``(sink, recent)``: leading and trailing prompt tokens this method always keeps."""

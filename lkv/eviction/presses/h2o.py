@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lkv.core.attention import ImportanceCapture
-from lkv.eviction.presses.base import Press, PressContext
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
 
 
 class H2OPress(Press):
@@ -16,6 +16,7 @@ class H2OPress(Press):
     """
 
     name = "h2o"
+    streamable = True
 
     def __init__(self, recent: int = 32) -> None:
         if recent < 0:
@@ -28,6 +29,9 @@ class H2OPress(Press):
     def score(self, ctx: PressContext) -> torch.Tensor:
         # The mean over queries ranks exactly like H2O's sum (one positive factor per head).
         return ctx.capture.scores(ctx.model.config.num_hidden_layers)
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        return ctx.capture.take
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return 0, min(self.recent, prompt_len)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from peft import PeftModel
 from transformers import PreTrainedModel
 
-from lkv.eviction.presses.base import Press, PressContext
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
 from lkv.model.lookahead import LookaheadAdapter
 
 
@@ -20,6 +19,7 @@ class LookaheadKVPress(Press):
     """
 
     name = "lookaheadkv"
+    streamable = True
 
     def __init__(self, adapter: LookaheadAdapter) -> None:
         self.adapter = adapter
@@ -32,13 +32,20 @@ class LookaheadKVPress(Press):
     @property
     def base_model(self) -> PreTrainedModel:
         """The base model the adapter is injected into (the model to prefill and decode with)."""
-        model = self.adapter.model
-        return model.get_base_model() if isinstance(model, PeftModel) else model
+        return self.adapter.base_model
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        if ctx.model is not self.base_model and ctx.model is not self.adapter.model:
+        self._check_model(ctx.model)
+        with torch.no_grad():
+            return self.adapter.predict(ctx.cache, ctx.prompt_len)
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        """The lookahead tokens' residual stream beside the prefill (:meth:`LookaheadAdapter.stream`)."""
+        self._check_model(ctx.model)
+        return self.adapter.stream(ctx.cache, ctx.prompt_len).layer_scores
+
+    def _check_model(self, model: PreTrainedModel) -> None:
+        if model is not self.base_model and model is not self.adapter.model:
             raise ValueError(
                 "the LookaheadKV adapter was loaded on another model than the one being compressed"
             )
-        with torch.no_grad():
-            return self.adapter.predict(ctx.cache, ctx.prompt_len)

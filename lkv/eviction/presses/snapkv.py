@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lkv.core.attention import ImportanceCapture
-from lkv.eviction.presses.base import Press, PressContext, pool_scores
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext, pool_scores
 
 
 def snapkv_scores(
@@ -32,6 +32,7 @@ class SnapKVPress(Press):
     """SnapKV (Li et al., 2024); defaults are the paper settings: window 32, max-pool kernel 7."""
 
     name = "snapkv"
+    streamable = True
 
     def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "max") -> None:
         if window <= 0:
@@ -46,6 +47,9 @@ class SnapKVPress(Press):
     def score(self, ctx: PressContext) -> torch.Tensor:
         attention = ctx.capture.scores(ctx.model.config.num_hidden_layers)
         return snapkv_scores(attention, self.window, self.kernel, self.pooling)
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        return lambda layer: snapkv_scores(ctx.capture.take(layer), self.window, self.kernel, self.pooling)
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return 0, min(self.window, prompt_len)
