@@ -103,3 +103,20 @@ def test_streamed_cache_never_holds_two_full_layers(tiny_llama):
     assert [lengths.count(PROMPT_LEN) for lengths in seen] == [0, 1] * len(hooks)
     for lengths in seen:
         assert sum(length > 12 for length in lengths) <= 1, lengths
+
+
+def test_eval_streamed_gives_the_same_rows(tiny_llama, tiny_corpus, tmp_path):
+    from lkv.eval.runner import Evaluator
+    from tests.test_evaluate import needle
+
+    model, tokenizer = tiny_llama
+    presses = {"snapkv": make_method("snapkv", window=4), "laq": make_method("laq", **SETTINGS["laq"])}
+    runs = {
+        streamed: Evaluator(
+            model, tokenizer, presses, [8, 0.5], ["aware", "agnostic"], tmp_path / str(streamed), False, streamed
+        ).run([needle(tiny_corpus)])
+        for streamed in (False, True)
+    }
+    fields = ("method", "budget", "setting", "answer_ids", "kept_tokens", "kv_fraction")
+    assert [[row[f] for f in fields] for row in runs[True]] == [[row[f] for f in fields] for row in runs[False]]
+    assert len(runs[True]) == 2 * 2 * 2

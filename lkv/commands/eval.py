@@ -37,6 +37,7 @@ def evaluate(
     device: str | None = None,
     progress: bool = True,
     title: str | None = None,
+    streamed: bool = False,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -57,6 +58,9 @@ def evaluate(
         device: ``cpu``, ``cuda``, ... (default: CPU).
         progress: show progress bars.
         title: report title (default: the output folder's name).
+        streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
+            streamingllm, random, lookaheadkv): each (prompt, budget) gets its own prefill in which every layer is
+            cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
     """
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
@@ -94,7 +98,7 @@ def evaluate(
         else:
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
-    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress)
+    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed)
     rows = evaluator.run(tasks)
     seconds = time.perf_counter() - start
     report = write_report(rows, out, title=title or out.name, methods=methods)

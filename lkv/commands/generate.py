@@ -34,6 +34,7 @@ def generate(
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
     device: str | None = None,
+    streamed: bool = False,
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -62,6 +63,9 @@ def generate(
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
+        streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv): each
+            layer is cut to its budget as soon as the prefill has produced it, so only one layer's full K/V lives
+            at a time; the same answer. Other methods keep the two-phase path.
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")
@@ -83,7 +87,9 @@ def generate(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
         press = make_method(method, **(press_args or {}))
-    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling)
+    compressor = Compressor(
+        net, tokenizer, press, budget, sink, recent, kernel, pooling, streamed=streamed
+    )
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )

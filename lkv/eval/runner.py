@@ -165,6 +165,9 @@ class Evaluator:
         settings: ``aware`` and/or ``agnostic``.
         output: result folder.
         progress: show progress bars.
+        streamed: methods that can (:attr:`Press.streamable`) compress each (prompt, budget) with layer-streamed
+            eviction (:mod:`lkv.eviction.streamed`: a prefill of their own per budget, one layer's full K/V at a
+            time, the same answers); the others score the shared prefill.
     """
 
     def __init__(
@@ -176,6 +179,7 @@ class Evaluator:
         settings: Iterable[Setting] = SETTINGS,
         output: str | Path = "reports/eval",
         progress: bool = True,
+        streamed: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -192,6 +196,7 @@ class Evaluator:
         self.output = Path(output)
         self.results = ResultsFile(self.output / RESULTS_FILE)
         self.progress = progress
+        self.streamed = streamed
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
         """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
@@ -231,7 +236,10 @@ class Evaluator:
         aware = setting == "aware"
         appended = [] if aware else question
         ids = torch.tensor([context + question if aware else context], device=self.full.device)
-        scorers = {m: self.compressors[m].press for m, _ in todo if m not in ("fullkv", "oracle")}
+        streams = {m for m, _ in todo if self.streamed and self.compressors[m].press.streamable}
+        scorers = {
+            m: self.compressors[m].press for m, _ in todo if m not in ("fullkv", "oracle") and m not in streams
+        }
         shared = shared_prefill(self.model, ids, scorers)
         full_scored = ScoredPrompt(
             ids, shared.cache, shared.next_logits, None, cache_bytes(shared.cache), shared.seconds, 0.0
@@ -244,7 +252,7 @@ class Evaluator:
                 self.results.add(full)
         reference = full["prediction"]
         scored: dict[str, ScoredPrompt] = {}
-        for method in dict.fromkeys(m for m, _ in todo if m != "fullkv"):
+        for method in dict.fromkeys(m for m, _ in todo if m != "fullkv" and m not in streams):
             if method == "oracle":
                 start = time.perf_counter()
                 scores = answer_importance(
@@ -265,10 +273,13 @@ class Evaluator:
         for method, budget in todo:
             if method == "fullkv":
                 continue
-            gen = self._generate(self.compressors[method], scored[method], budget, sample, appended)
-            self.results.add(
-                self._row(task, sample, setting, method, budget, gen, reference, scored[method].score_s)
-            )
+            if method in streams:
+                gen = self._generate_streamed(method, ids, budget, sample, appended)
+                score_s = gen.eviction_s
+            else:
+                gen = self._generate(self.compressors[method], scored[method], budget, sample, appended)
+                score_s = scored[method].score_s
+            self.results.add(self._row(task, sample, setting, method, budget, gen, reference, score_s))
 
     def _press_scores(self, method: str, shared: Prefilled) -> tuple[torch.Tensor, float]:
         """``method``'s ``(1, layers, kv_heads, S)`` scores of a shared prefill, and the seconds they took."""
@@ -297,6 +308,14 @@ class Evaluator:
         if appended:
             return compressor.answer(compressed, appended, sampling)
         return compressor.decode(compressed, sampling)
+
+    def _generate_streamed(
+        self, method: str, ids: torch.Tensor, budget: int | float, sample: Sample, appended: list[int]
+    ) -> Generation:
+        """Compress ``ids`` to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
+        compressor = Compressor(self.model, self.tokenizer, self.compressors[method].press, budget, streamed=True)
+        sampling = Sampling(max_new_tokens=sample.max_new_tokens, stop=tuple(sample.stop))
+        return compressor.generate(ids, sampling, appended or None)
 
     def _row(
         self,
