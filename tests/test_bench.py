@@ -223,3 +223,20 @@ def test_cli_selection_lengths_and_json(tmp_path, capsys):
         run_benchmarks(["decode"], BenchSettings(**TINY), {"ttft": [32]})
     with pytest.raises(ValueError, match="below the prompt length"):
         Workbench(BenchSettings(**TINY)).case("decode", "compressed", 16)
+
+
+def test_streamed_prefill_needs_less_memory_than_two_phase(capsys):
+    # 24 tiny layers at 2K: 12 MiB of full K/V in fp32 against one layer's 0.5 MiB + 24 × 16 kept entries
+    settings = BenchSettings(**TINY, num_layers=24)
+    results = run_benchmarks(["prefill-memory"], settings, [2048], 1, 0, 1, True)
+    entry = results["benchmarks"]["prefill-memory"]["lengths"]["2048"]
+    derived = results["benchmarks"]["prefill-memory"]["derived"]["2048"]
+    assert entry["two-phase"]["kv_formula_bytes"] == entry["streamed"]["kv_full_bytes"]
+    assert entry["two-phase"]["kv_formula_bytes"] > 8 * entry["streamed"]["kv_formula_bytes"]
+    # the prefill's own activations come on top of the K/V in both variants
+    assert derived["memory_ratio"] > 1.3 and derived["saved_bytes"] > 0.5 * derived["formula_saved_bytes"]
+    assert "| 2048 |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no layer-streamed eviction"):
+        Workbench(BenchSettings(**TINY, stream_method="laq")).case("prefill-memory", "streamed", 64)
+    with pytest.raises(ValueError, match="random:<architecture> models only"):
+        Workbench(BenchSettings(model="smollm2-135m", num_layers=2)).model  # noqa: B018

@@ -64,7 +64,9 @@ def test_streamed_generation_is_token_identical(tiny_model, method):
     ids, sampling = prompt(model), Sampling(max_new_tokens=12)
     for question in (None, [5, 6, 7]):  # question-aware, then question-agnostic (a block appended)
         want = Compressor(model, tokenizer, press, 12, recent=2).generate(ids, sampling, question)
-        got = Compressor(model, tokenizer, press, 12, recent=2, streamed=True).generate(ids, sampling, question)
+        got = Compressor(model, tokenizer, press, 12, recent=2, streamed=True).generate(
+            ids, sampling, question
+        )
         assert got.token_ids == want.token_ids and got.kept_per_layer == want.kept_per_layer
         assert got.eviction_s > 0 and got.prefill_s > 0
 
@@ -113,10 +115,19 @@ def test_eval_streamed_gives_the_same_rows(tiny_llama, tiny_corpus, tmp_path):
     presses = {"snapkv": make_method("snapkv", window=4), "laq": make_method("laq", **SETTINGS["laq"])}
     runs = {
         streamed: Evaluator(
-            model, tokenizer, presses, [8, 0.5], ["aware", "agnostic"], tmp_path / str(streamed), False, streamed
+            model,
+            tokenizer,
+            presses,
+            [8, 0.5],
+            ["aware", "agnostic"],
+            tmp_path / str(streamed),
+            False,
+            streamed,
         ).run([needle(tiny_corpus)])
         for streamed in (False, True)
     }
     fields = ("method", "budget", "setting", "answer_ids", "kept_tokens", "kv_fraction")
-    assert [[row[f] for f in fields] for row in runs[True]] == [[row[f] for f in fields] for row in runs[False]]
+    assert [[row[f] for f in fields] for row in runs[True]] == [
+        [row[f] for f in fields] for row in runs[False]
+    ]
     assert len(runs[True]) == 2 * 2 * 2

@@ -29,15 +29,18 @@ def bench(
     response_tokens: int = 64,
     decode_tokens: int = 32,
     eager_max_length: int = 2048,
+    stream_method: str = "lookaheadkv",
+    num_layers: int | None = None,
     seed: int = 0,
     json_out: str | None = None,
 ) -> None:
     """Side-by-side speed and memory benchmarks; prints one Markdown table per sub-benchmark.
 
     Args:
-        which: ``train-step``, ``ttft``, ``label``, ``decode``, a list of them, or ``all``.
+        which: ``train-step``, ``ttft``, ``label``, ``decode``, ``prefill-memory``, a list of them, or ``all``.
         lengths: prompt lengths in tokens, for every selected sub-benchmark, or per sub-benchmark as
-            ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K.
+            ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K,
+            prefill-memory 4K–8K.
         repeats: measured repetitions per variant (medians are reported).
         warmup: unmeasured rounds before them.
         model: ``smollm2-135m`` (default), a local folder or ``.gguf`` file, a hub id, or
@@ -47,7 +50,7 @@ def bench(
         device: ``cpu`` (default) or ``cuda``.
         attn_implementation: attention of the model (``sdpa``, ``eager``, ``flash_attention_2``).
         threads: ``torch.set_num_threads`` for every variant and memory subprocess (default: torch's).
-        memory: also measure peak memory (train-step and label).
+        memory: also measure peak memory (train-step, label, prefill-memory).
         methods: ttft methods besides the plain prefill (default: snapkv, lookaheadkv, laq, speckv).
         budget: KV entries kept per head (ttft, decode; LAQ's draft cache too).
         window: observation window of SnapKV, LAQ and SpecKV.
@@ -59,6 +62,10 @@ def bench(
         decode_tokens: tokens decoded per run of the decode benchmark.
         eager_max_length: longest prompt at which train-step also runs ``naive-eager``, whose attention maps
             kept for backward grow as S² (SmolLM2 in fp32: 14 GiB measured at 2K, ≈ 51 GiB at 4K).
+        stream_method: the method whose prefill + eviction prefill-memory measures two-phase vs layer-streamed
+            (a streamable one: lookaheadkv, snapkv, pyramidkv, tova, h2o, streamingllm, random).
+        num_layers: decoder layers of a ``random:`` model (each of the published shape), so that a large
+            architecture fits a small machine; default: the published count.
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
     """
@@ -78,6 +85,8 @@ def bench(
         response_tokens=response_tokens,
         decode_tokens=decode_tokens,
         eager_max_length=eager_max_length,
+        stream_method=stream_method,
+        num_layers=num_layers,
         seed=seed,
     )
     results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)

@@ -87,9 +87,7 @@ def generate(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
         press = make_method(method, **(press_args or {}))
-    compressor = Compressor(
-        net, tokenizer, press, budget, sink, recent, kernel, pooling, streamed=streamed
-    )
+    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling, streamed=streamed)
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )

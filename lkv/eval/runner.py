@@ -238,7 +238,9 @@ class Evaluator:
         ids = torch.tensor([context + question if aware else context], device=self.full.device)
         streams = {m for m, _ in todo if self.streamed and self.compressors[m].press.streamable}
         scorers = {
-            m: self.compressors[m].press for m, _ in todo if m not in ("fullkv", "oracle") and m not in streams
+            m: self.compressors[m].press
+            for m, _ in todo
+            if m not in ("fullkv", "oracle") and m not in streams
         }
         shared = shared_prefill(self.model, ids, scorers)
         full_scored = ScoredPrompt(
@@ -313,7 +315,9 @@ class Evaluator:
         self, method: str, ids: torch.Tensor, budget: int | float, sample: Sample, appended: list[int]
     ) -> Generation:
         """Compress ``ids`` to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
-        compressor = Compressor(self.model, self.tokenizer, self.compressors[method].press, budget, streamed=True)
+        compressor = Compressor(
+            self.model, self.tokenizer, self.compressors[method].press, budget, streamed=True
+        )
         sampling = Sampling(max_new_tokens=sample.max_new_tokens, stop=tuple(sample.stop))
         return compressor.generate(ids, sampling, appended or None)
 

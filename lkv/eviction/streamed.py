@@ -26,7 +26,7 @@ from functools import partial
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from lkv.core.cache import CompressedCache, gather_layer, layer_bytes
 from lkv.core.generation import prefill
@@ -80,7 +80,9 @@ class _LayerEvictor:
         if self.busy:
             return
         if layer_idx != len(self.kept):
-            raise RuntimeError(f"decoder layer {layer_idx} ran out of order (expected layer {len(self.kept)})")
+            raise RuntimeError(
+                f"decoder layer {layer_idx} ran out of order (expected layer {len(self.kept)})"
+            )
         start = self.clock()
         self.busy = True
         try:
@@ -145,7 +147,9 @@ def streamed_compress(
             handle.remove()
     total = clock() - start
     if len(evictor.kept) != len(layers):
-        raise RuntimeError(f"{len(evictor.kept)} of {len(layers)} decoder layers were evicted during the prefill")
+        raise RuntimeError(
+            f"{len(evictor.kept)} of {len(layers)} decoder layers were evicted during the prefill"
+        )
     return StreamedEviction(
         cache=CompressedCache(cache.layers),
         next_logits=next_logits,
@@ -155,3 +159,34 @@ def streamed_compress(
         prefill_s=total - evictor.seconds,
         eviction_s=evictor.seconds,
     )
+
+
+def peak_kv_bytes(
+    config: PretrainedConfig, prompt_len: int, budget: int, num_lookahead: int = 0, dtype_bytes: int = 2
+) -> dict[str, int]:
+    """The K/V-side memory of a prefill + eviction, two-phase vs layer-streamed (docs/performance.md).
+
+    Args:
+        config: the model's config (layers, KV heads, head dimension, hidden size).
+        prompt_len: ``S``; budget: ``C`` tokens per KV head in every layer; num_lookahead: ``M`` (0: no lookahead).
+        dtype_bytes: bytes per element of the K/V and hidden states (bf16: 2).
+
+    Returns:
+        ``layer_full`` (one layer's full K/V + the lookahead tokens' K/V in it), ``compressed`` (every layer at
+        ``C``), ``lookahead_stream`` (the ``M`` tokens' hidden state + the layer's fp32 score sums), and the two
+        totals: ``streamed`` (their sum) and ``two_phase`` (all layers' full K/V at once, the lookahead
+        tokens' K/V in every layer, all layers' fp32 score sums).
+    """
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token_layer = 2 * config.num_key_value_heads * head_dim * dtype_bytes  # keys + values
+    layers = config.num_hidden_layers
+    layer_full = (prompt_len + num_lookahead) * per_token_layer
+    compressed = layers * min(budget, prompt_len) * per_token_layer
+    stream = num_lookahead * config.hidden_size * dtype_bytes + 4 * config.num_key_value_heads * prompt_len
+    return {
+        "layer_full": layer_full,
+        "compressed": compressed,
+        "lookahead_stream": stream,
+        "streamed": layer_full + compressed + stream,
+        "two_phase": layers * (layer_full + 4 * config.num_key_value_heads * prompt_len),
+    }

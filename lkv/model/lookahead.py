@@ -331,7 +331,9 @@ class LookaheadStream:
             )
         types = set(getattr(base.config, "layer_types", None) or ["full_attention"])
         if types != {"full_attention"}:
-            raise NotImplementedError(f"layer-streamed lookahead needs full-attention layers only, got {types}")
+            raise NotImplementedError(
+                f"layer-streamed lookahead needs full-attention layers only, got {types}"
+            )
         self.adapter = adapter
         self.cache = cache
         self.prompt_len = prompt_len

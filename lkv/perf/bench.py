@@ -21,8 +21,12 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
     prompt + response: seconds and peak memory, whose growth with the prompt length is fitted to a line.
 ``decode``
     seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one.
+``prefill-memory``
+    peak memory and seconds of prefill + eviction (:meth:`~lkv.eviction.compressor.Compressor.compress`) with the
+    ``stream_method`` (default LookaheadKV, a randomly initialised module), ``two-phase`` vs layer-``streamed``
+    (:mod:`lkv.eviction.streamed`), beside the K/V formula :func:`lkv.eviction.streamed.peak_kv_bytes`.
 
-Peak memory (``train-step``, ``label``) follows :mod:`lkv.perf.memory`: CUDA allocator statistics on a GPU,
+Peak memory (``train-step``, ``label``, ``prefill-memory``) follows :mod:`lkv.perf.memory`: CUDA allocator statistics on a GPU,
 one fresh subprocess per measurement on the CPU. Prompts are seeded random token ids; generations never
 stop early (no EOS), so every variant does the same amount of work.
 """
@@ -47,6 +51,7 @@ from lkv.core.cache import cache_bytes
 from lkv.core.generation import decode, prefill
 from lkv.eviction.presses import LookaheadKVPress, Press
 from lkv.eviction.registry import make_method
+from lkv.eviction.streamed import peak_kv_bytes
 from lkv.perf.memory import cuda_peak_bytes, subprocess_peak_bytes
 from lkv.perf.models import load_model
 from lkv.perf.timing import Case, Timings, linear_fit, time_interleaved
@@ -56,11 +61,18 @@ DEFAULT_LENGTHS: dict[str, tuple[int, ...]] = {
     "ttft": (1024, 2048, 4096, 8192),
     "label": (1024, 2048, 4096),
     "decode": (1024, 2048, 4096),
+    "prefill-memory": (4096, 8192),
 }
 BENCHMARKS = tuple(DEFAULT_LENGTHS)
 # the variant every other one is compared with
-REFERENCE = {"train-step": "naive", "ttft": "prefill", "label": "generate+forward", "decode": "full"}
-MEASURES_MEMORY = ("train-step", "label")
+REFERENCE = {
+    "train-step": "naive",
+    "ttft": "prefill",
+    "label": "generate+forward",
+    "decode": "full",
+    "prefill-memory": "two-phase",
+}
+MEASURES_MEMORY = ("train-step", "label", "prefill-memory")
 MIB = 2**20
 
 
@@ -85,6 +97,8 @@ class BenchSettings:
     response_tokens: int = 64
     decode_tokens: int = 32
     eager_max_length: int = 2048
+    stream_method: str = "lookaheadkv"
+    num_layers: int | None = None
     seed: int = 0
 
     def variants(self, which: str, length: int | None = None) -> list[str]:
@@ -95,6 +109,7 @@ class BenchSettings:
             "ttft": ["prefill", *self.methods],
             "label": ["label_prompt", "generate+forward"],
             "decode": ["full", "compressed"],
+            "prefill-memory": ["two-phase", "streamed"],
         }[which]
 
 
@@ -107,7 +122,7 @@ class Workbench:
     @cached_property
     def model(self) -> PreTrainedModel:
         s = self.settings
-        return load_model(s.model, s.dtype, s.device, s.attn_implementation)
+        return load_model(s.model, s.dtype, s.device, s.attn_implementation, s.num_layers)
 
     @property
     def device(self) -> torch.device:
@@ -174,6 +189,7 @@ class Workbench:
             "ttft": self._ttft,
             "label": self._label,
             "decode": self._decode,
+            "prefill-memory": self._prefill_memory,
         }
         if variant not in self.settings.variants(which):
             raise ValueError(f"{which} has no variant {variant!r}; it has {self.settings.variants(which)}")
@@ -278,6 +294,29 @@ class Workbench:
         entries = sum(layer.get_seq_length() for layer in source.layers)
         return Case(run=run, reset=reset, info={"kv_bytes": cache_bytes(source), "kv_entries": entries})
 
+    def _prefill_memory(self, variant: str, length: int) -> Case:
+        from lkv.eviction.compressor import Compressor
+
+        if self.settings.budget >= length:
+            raise ValueError(
+                f"prefill-memory: budget {self.settings.budget} must be below the prompt length {length}"
+            )
+        ids, press = self.prompt(length), self.press(self.settings.stream_method)
+        model = press.base_model if isinstance(press, LookaheadKVPress) else self.model
+        compressor = Compressor(model, None, press, self.settings.budget, streamed=variant == "streamed")
+        if not press.streamable:
+            raise ValueError(f"prefill-memory: {press.name} has no layer-streamed eviction")
+
+        def run() -> dict[str, float]:
+            out = compressor.compress(ids)
+            return {"prefill_s": out.prefill_s, "eviction_s": out.eviction_s}
+
+        lookahead = self.settings.num_lookahead if isinstance(press, LookaheadKVPress) else 0
+        dtype_bytes = next(model.parameters()).element_size()
+        formula = peak_kv_bytes(model.config, length, self.settings.budget, lookahead, dtype_bytes)
+        key = "streamed" if variant == "streamed" else "two_phase"
+        return Case(run=run, info={"kv_formula_bytes": formula[key], "kv_full_bytes": formula["two_phase"]})
+
 
 def memory_case(which: str, variant: str, length: int, settings: dict[str, Any]) -> Case:
     """Entry point of the CPU memory subprocess: one case, built from scratch."""
@@ -381,6 +420,14 @@ def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any
             d["speedup"] = d["full_s_per_token"] / d["compressed_s_per_token"]
             d["kv_bytes_ratio"] = v["compressed"]["kv_bytes"] / v["full"]["kv_bytes"]
             d["budget_over_length"] = settings.budget / length
+        elif which == "prefill-memory" and ok(v["two-phase"], v["streamed"]):
+            d["time_ratio"] = v["streamed"]["median_s"] / v["two-phase"]["median_s"]
+            if "peak_bytes" in v["two-phase"] and "peak_bytes" in v["streamed"]:
+                d["memory_ratio"] = v["two-phase"]["peak_bytes"] / v["streamed"]["peak_bytes"]
+                d["saved_bytes"] = v["two-phase"]["peak_bytes"] - v["streamed"]["peak_bytes"]
+                d["formula_saved_bytes"] = (
+                    v["two-phase"]["kv_formula_bytes"] - v["streamed"]["kv_formula_bytes"]
+                )
         derived[length] = d
     if which == "label":
         for variant in ("label_prompt", "generate+forward"):
@@ -486,6 +533,33 @@ def markdown(which: str, result: dict[str, Any]) -> str:
                     _fmt(d.get("ratio"), digits=3),
                     peak(length, "label_prompt"),
                     peak(length, "generate+forward"),
+                ]
+            )
+        elif which == "prefill-memory":
+            head = [
+                "S",
+                "two-phase s",
+                "streamed s",
+                "streamed/two-phase time",
+                "two-phase peak MiB",
+                "streamed peak MiB",
+                "memory ratio",
+                "saved MiB",
+                "formula: saved MiB",
+                "formula: streamed K/V MiB",
+            ]
+            rows.append(
+                [
+                    length,
+                    _fmt(get(length, "two-phase", "median_s")),
+                    _fmt(get(length, "streamed", "median_s")),
+                    _fmt(d.get("time_ratio"), digits=2),
+                    peak(length, "two-phase"),
+                    peak(length, "streamed"),
+                    _ratio(d.get("memory_ratio")),
+                    _fmt(d.get("saved_bytes"), MIB, 0),
+                    _fmt(d.get("formula_saved_bytes"), MIB, 0),
+                    _fmt(get(length, "streamed", "kv_formula_bytes"), MIB, 1),
                 ]
             )
         else:

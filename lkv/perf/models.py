@@ -144,14 +144,23 @@ def random_model(
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
     seed: int = 0,
+    num_layers: int | None = None,
 ) -> PreTrainedModel:
     """A randomly initialised, frozen causal LM of a named architecture, built directly on ``device``.
 
     No end-of-sequence token is declared: benchmark generations always run their full length.
+
+    Args:
+        num_layers: keep only the first ``num_layers`` decoder layers (every layer has the published shapes;
+            per-layer costs then fit a small machine); default: the published count.
     """
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
     config_class, fields = ARCHITECTURES[architecture]
+    if num_layers is not None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be ≥ 1, got {num_layers}")
+        fields = {**fields, "num_hidden_layers": num_layers}
     config = config_class(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -162,13 +171,26 @@ def random_model(
 
 
 def load_model(
-    model: str, dtype: str = "float32", device: str | None = None, attn_implementation: str = "sdpa"
+    model: str,
+    dtype: str = "float32",
+    device: str | None = None,
+    attn_implementation: str = "sdpa",
+    num_layers: int | None = None,
 ) -> PreTrainedModel:
-    """``random:<architecture>`` (see :data:`ARCHITECTURES`) or anything :func:`lkv.model.backbone.load_backbone` loads."""
+    """``random:<architecture>`` (see :data:`ARCHITECTURES`) or anything :func:`lkv.model.backbone.load_backbone` loads.
+
+    Args:
+        num_layers: a random model's decoder layers (default: the architecture's); real weights keep theirs.
+    """
     from lkv.model.backbone import DTYPES, load_backbone
 
     if dtype not in DTYPES or dtype == "auto":
         raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {dtype!r}")
     if model.startswith(RANDOM_PREFIX):
-        return random_model(model[len(RANDOM_PREFIX) :], DTYPES[dtype], device or "cpu", attn_implementation)
+        architecture = model[len(RANDOM_PREFIX) :]
+        return random_model(
+            architecture, DTYPES[dtype], device or "cpu", attn_implementation, num_layers=num_layers
+        )
+    if num_layers is not None:
+        raise ValueError(f"num_layers applies to random:<architecture> models only, not to {model!r}")
     return load_backbone(model, dtype=dtype, attn_implementation=attn_implementation, device=device)[0]
