@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU cost benchmarks (`lkv bench`, all four sub-benchmarks in one process) on a randomly initialised model of
+# GPU cost benchmarks (`lkv bench`, all five sub-benchmarks in one process) on a randomly initialised model of
 # a real architecture: timings and memory do not depend on weight values, so no weights are needed.
 #
 #   scripts/bench_gpu.sh                      # Llama-3.1-8B config, bf16, CUDA; about 5 min on one H200
@@ -7,7 +7,8 @@
 #   DRY_RUN=1 scripts/bench_gpu.sh            # the same script on the CPU with tiny sizes (1–2 min)
 #
 # Sizes (GPU): ttft at 8K/16K/32K, decode at 8K/32K, train-step at 2K/4K/8K (the eager naive step up to 4K;
-# a variant that does not fit is reported as "out of memory"), label at 8K/16K with 128-token responses;
+# a variant that does not fit is reported as "out of memory"), label at 8K/16K with 128-token responses,
+# prefill-memory (two-phase vs layer-streamed LookaheadKV) at 8K/32K;
 # budget 1024; 3 repetitions after 1 warm-up. Output in $OUT (default runs/bench/gpu): bench.json (raw times, medians, ratios, environment),
 # bench.md (the tables), env.txt (GPU and package versions).
 set -euo pipefail
@@ -17,12 +18,12 @@ OUT=${OUT:-runs/bench/gpu}
 ARCH=${ARCH:-llama-3.1-8b}
 if [[ -n "${DRY_RUN:-}" ]]; then
   ARCH=tiny-llama DEVICE=cpu DTYPE=float32
-  LENGTHS='{"ttft": [256, 512], "decode": [256, 512], "train-step": [128, 256], "label": [256, 512]}'
+  LENGTHS='{"ttft": [256, 512], "decode": [256, 512], "train-step": [128, 256], "label": [256, 512], "prefill-memory": [256, 512]}'
   EXTRA=(--budget 64 --num_lookahead 8 --draft_tokens 4 --response_tokens 8 --decode_tokens 4
          --repeats 1 --warmup 1 --threads 1)
 else
   DEVICE=cuda DTYPE=bfloat16
-  LENGTHS='{"ttft": [8192, 16384, 32768], "decode": [8192, 32768], "train-step": [2048, 4096, 8192], "label": [8192, 16384]}'
+  LENGTHS='{"ttft": [8192, 16384, 32768], "decode": [8192, 32768], "train-step": [2048, 4096, 8192], "label": [8192, 16384], "prefill-memory": [8192, 32768]}'
   EXTRA=(--budget 1024 --response_tokens 128 --decode_tokens 32 --repeats 3 --warmup 1 --eager_max_length 4096)
 fi
 
