@@ -223,3 +223,15 @@ def test_cli_selection_lengths_and_json(tmp_path, capsys):
         run_benchmarks(["decode"], BenchSettings(**TINY), {"ttft": [32]})
     with pytest.raises(ValueError, match="below the prompt length"):
         Workbench(BenchSettings(**TINY)).case("decode", "compressed", 16)
+
+
+def test_label_at_several_batch_sizes(capsys):
+    settings = BenchSettings(**{**TINY, "batch_sizes": [1, 2, 4], "label_prompts": 5})
+    results = run_benchmarks(["label"], settings, [48], 1, 0, 1, False)
+    entry = results["benchmarks"]["label"]["lengths"]["48"]
+    assert set(entry) == {"batch-1", "batch-2", "batch-4"}
+    assert entry["batch-1"]["padding_fraction"] == 0  # one prompt per batch pads nothing
+    assert 0 < entry["batch-4"]["padding_fraction"] < 0.25
+    derived = results["benchmarks"]["label"]["derived"]["48"]
+    assert derived["batch-1"]["speedup"] == 1 and derived["batch-4"]["prompts_per_s"] > 0
+    assert "| 48 | 4 | 5 |" in capsys.readouterr().out

@@ -29,6 +29,9 @@ def bench(
     response_tokens: int = 64,
     decode_tokens: int = 32,
     eager_max_length: int = 2048,
+    batch_sizes: list[int] | None = None,
+    label_prompts: int | None = None,
+    label_length_spread: float = 0.25,
     seed: int = 0,
     json_out: str | None = None,
 ) -> None:
@@ -59,6 +62,11 @@ def bench(
         decode_tokens: tokens decoded per run of the decode benchmark.
         eager_max_length: longest prompt at which train-step also runs ``naive-eager``, whose attention maps
             kept for backward grow as S² (SmolLM2 in fp32: 14 GiB measured at 2K, ≈ 51 GiB at 4K).
+        batch_sizes: label benchmark at these batch sizes (e.g. ``[1,4,8,16]``): ``lkv label --batch_size``'s
+            labeller on the same prompts at each, prompts/s side by side (instead of label_prompt vs
+            generate + forward).
+        label_prompts: prompts each batch-size variant labels (default: the largest batch size).
+        label_length_spread: those prompts' lengths spread evenly over ``[(1 - spread) · S, S]``.
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
     """
@@ -78,6 +86,9 @@ def bench(
         response_tokens=response_tokens,
         decode_tokens=decode_tokens,
         eager_max_length=eager_max_length,
+        batch_sizes=list(batch_sizes) if batch_sizes else None,
+        label_prompts=label_prompts,
+        label_length_spread=label_length_spread,
         seed=seed,
     )
     results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)
