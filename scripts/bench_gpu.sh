@@ -9,8 +9,10 @@
 # Sizes (GPU): ttft at 8K/16K/32K, decode at 8K/32K, train-step at 2K/4K/8K (the eager naive step up to 4K;
 # a variant that does not fit is reported as "out of memory"), label at 8K/16K with 128-token responses,
 # prefill-memory (two-phase vs layer-streamed LookaheadKV) at 8K/32K;
-# budget 1024; 3 repetitions after 1 warm-up. Output in $OUT (default runs/bench/gpu): bench.json (raw times, medians, ratios, environment),
-# bench.md (the tables), env.txt (GPU and package versions).
+# budget 1024; 3 repetitions after 1 warm-up. Then labelling throughput at batch 1 vs 8 (8 prompts of
+# 12K–16K tokens, R = 512, one repetition: ≈ 4 min more). Output in $OUT (default runs/bench/gpu):
+# bench.json (raw times, medians, ratios, environment), bench.md (the tables), label-batches.json and
+# label-batches.md, env.txt (GPU and package versions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,10 +23,12 @@ if [[ -n "${DRY_RUN:-}" ]]; then
   LENGTHS='{"ttft": [256, 512], "decode": [256, 512], "train-step": [128, 256], "label": [256, 512], "prefill-memory": [256, 512]}'
   EXTRA=(--budget 64 --num_lookahead 8 --draft_tokens 4 --response_tokens 8 --decode_tokens 4
          --repeats 1 --warmup 1 --threads 1)
+  BATCHES=(--lengths [512] --response_tokens 8 --threads 1)
 else
   DEVICE=cuda DTYPE=bfloat16
   LENGTHS='{"ttft": [8192, 16384, 32768], "decode": [8192, 32768], "train-step": [2048, 4096, 8192], "label": [8192, 16384], "prefill-memory": [8192, 32768]}'
   EXTRA=(--budget 1024 --response_tokens 128 --decode_tokens 32 --repeats 3 --warmup 1 --eager_max_length 4096)
+  BATCHES=(--lengths [16384] --response_tokens 512)
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -55,3 +59,7 @@ EOF
 
 "$PYTHON" -m lkv.cli bench --which all --model "random:$ARCH" --dtype "$DTYPE" --device "$DEVICE" \
   --lengths "$LENGTHS" "${EXTRA[@]}" --json_out "$OUT/bench.json" | tee "$OUT/bench.md"
+
+"$PYTHON" -m lkv.cli bench --which label --model "random:$ARCH" --dtype "$DTYPE" --device "$DEVICE" \
+  --batch_sizes [1,8] --label_prompts 8 --repeats 1 --warmup 0 "${BATCHES[@]}" \
+  --json_out "$OUT/label-batches.json" | tee "$OUT/label-batches.md"

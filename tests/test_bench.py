@@ -240,3 +240,15 @@ def test_streamed_prefill_needs_less_memory_than_two_phase(capsys):
         Workbench(BenchSettings(**TINY, stream_method="laq")).case("prefill-memory", "streamed", 64)
     with pytest.raises(ValueError, match="random:<architecture> models only"):
         Workbench(BenchSettings(model="smollm2-135m", num_layers=2)).model  # noqa: B018
+
+
+def test_label_at_several_batch_sizes(capsys):
+    settings = BenchSettings(**{**TINY, "batch_sizes": [1, 2, 4], "label_prompts": 5})
+    results = run_benchmarks(["label"], settings, [48], 1, 0, 1, False)
+    entry = results["benchmarks"]["label"]["lengths"]["48"]
+    assert set(entry) == {"batch-1", "batch-2", "batch-4"}
+    assert entry["batch-1"]["padding_fraction"] == 0  # one prompt per batch pads nothing
+    assert 0 < entry["batch-4"]["padding_fraction"] < 0.25
+    derived = results["benchmarks"]["label"]["derived"]["48"]
+    assert derived["batch-1"]["speedup"] == 1 and derived["batch-4"]["prompts_per_s"] > 0
+    assert "| 48 | 4 | 5 |" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """`lkv label` end to end on a tiny model saved to disk: the Lightning predict loop, shards, resumption."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -81,7 +82,7 @@ def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp
 def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, tmp_path, monkeypatch):
     import lkv.labels.predict as labeling_cli
 
-    real, calls = labeling_cli.label_prompt, []
+    real, calls = labeling_cli.label_batch, []
 
     def dies_on_the_fifth(*args, **kwargs):
         calls.append(1)
@@ -89,12 +90,12 @@ def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, 
             raise RuntimeError("crash")  # the run dies mid-way, before its last shard is flushed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(labeling_cli, "label_prompt", dies_on_the_fifth)
+    monkeypatch.setattr(labeling_cli, "label_batch", dies_on_the_fifth)
     with pytest.raises(RuntimeError, match="crash"):
         run(saved_model, jsonl, tmp_path / "cut")
     # shard_size 2: four samples reached finished shards, the fifth was lost with the process.
     assert sorted(load_labels(tmp_path / "cut")["id"]) == ["q0", "q1", "q2", "q3"]
-    monkeypatch.setattr(labeling_cli, "label_prompt", real)
+    monkeypatch.setattr(labeling_cli, "label_batch", real)
     run(saved_model, jsonl, tmp_path / "cut")
     run(saved_model, jsonl, tmp_path / "whole")
     resumed, whole = load_labels(tmp_path / "cut"), load_labels(tmp_path / "whole")
@@ -198,3 +199,78 @@ def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_qu
             label_mode="agnostic",
             store_scores=False,
         )
+
+
+def test_batched_run_writes_batch_one_labels(saved_model, jsonl, tmp_path, capsys):
+    run(saved_model, jsonl, tmp_path / "one")
+    run(saved_model, jsonl, tmp_path / "three", batch_size=3)
+    out = capsys.readouterr().out
+    assert "batches of 3, padding" in out
+    one = {row["id"]: row for row in load_labels(tmp_path / "one")}
+    three = load_labels(tmp_path / "three")
+    assert sorted(three["id"]) == sorted(one)
+    for row in three:
+        assert row["response_ids"] == one[row["id"]]["response_ids"]
+        torch.testing.assert_close(
+            torch.tensor(row["scores"]), torch.tensor(one[row["id"]]["scores"]), atol=1e-5, rtol=0
+        )
+
+
+def write_responses(path, records):
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def test_responses_from_another_engine(saved_model, jsonl, tmp_path):
+    """Responses given as token ids (with the EOS) or as text give the labels of generating them here."""
+    run(saved_model, jsonl, tmp_path / "generated")
+    generated = load_labels(tmp_path / "generated")
+    _, tokenizer = load_backbone(str(saved_model))
+    records = []
+    for i, row in enumerate(generated):
+        if i % 2:
+            records.append(
+                {"id": row["id"], "response_ids": row["response_ids"], "prompt_ids": row["prompt_ids"]}
+            )
+        else:  # text: the response without a trailing EOS (special tokens are not part of the text)
+            text = tokenizer.decode(row["response_ids"], skip_special_tokens=True)
+            assert tokenizer(text, add_special_tokens=False)["input_ids"] == row["response_ids"]
+            records.append({"id": row["id"], "response": text})
+    responses = write_responses(tmp_path / "vllm.jsonl", records + [{"id": "unused", "response": "x"}])
+    run(saved_model, jsonl, tmp_path / "engine", responses=str(responses))
+    meta = read_meta(tmp_path / "engine")
+    assert meta.extra["responses"]["file"] == str(responses.resolve())
+    assert meta.extra["responses"]["records"] == 6 and len(meta.extra["responses"]["sha256"]) == 64
+    want = {row["id"]: row for row in generated}
+    for row in load_labels(tmp_path / "engine"):
+        assert row["response_ids"] == want[row["id"]]["response_ids"]
+        torch.testing.assert_close(
+            torch.tensor(row["scores"]), torch.tensor(want[row["id"]]["scores"]), atol=1e-6, rtol=0
+        )
+    # rerunning with another responses file is another run
+    other = write_responses(tmp_path / "other.jsonl", records)
+    with pytest.raises(ValueError, match="responses"):
+        run(saved_model, jsonl, tmp_path / "engine", responses=str(other))
+
+
+def test_responses_that_do_not_fit_are_refused(saved_model, jsonl, tmp_path):
+    _, tokenizer = load_backbone(str(saved_model))
+    good = [{"id": f"q{i}", "response": "a"} for i in range(5)]
+
+    def refused(records, match, before_labelling=True):
+        path = write_responses(tmp_path / "responses.jsonl", records)
+        with pytest.raises(ValueError, match=match):
+            run(saved_model, jsonl, tmp_path / "out", responses=str(path))
+        # file-level checks run before the loop starts; the prompt check when the prompt is rendered
+        assert (tmp_path / "out").exists() != before_labelling
+        shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+    refused(good[:3] + good[4:], r"no response for 1 prompt\(s\), e\.g\. id 'q3'")
+    # one token per character: "startup" decodes fine but the tokenizer would merge it into fewer tokens
+    split = [tokenizer.convert_tokens_to_ids(c) for c in "startup"]
+    assert tokenizer(tokenizer.decode(split), add_special_tokens=False)["input_ids"] != split
+    refused(good[:4] + [{"id": "q4", "response_ids": split}], r"responses.jsonl:5 \(id 'q4'\).*round-trip")
+    refused(good[:4] + [{"id": "q4", "response_ids": [10**6]}], "outside the vocabulary")
+    refused(good[:4] + [{"id": "q4", "response": "alpha " * 10}], "over --response_tokens 5")
+    refused(good[:4] + [{"id": "q4", "response": "a", "prompt_ids": [1, 2, 3]}], "'prompt_ids' differ", False)
+    refused(good + [{"id": "q4", "response": "again"}], "already has a response")

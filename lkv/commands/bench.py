@@ -31,6 +31,9 @@ def bench(
     eager_max_length: int = 2048,
     stream_method: str = "lookaheadkv",
     num_layers: int | None = None,
+    batch_sizes: list[int] | None = None,
+    label_prompts: int | None = None,
+    label_length_spread: float = 0.25,
     seed: int = 0,
     json_out: str | None = None,
 ) -> None:
@@ -66,6 +69,11 @@ def bench(
             (a streamable one: lookaheadkv, snapkv, pyramidkv, tova, h2o, streamingllm, random).
         num_layers: decoder layers of a ``random:`` model (each of the published shape), so that a large
             architecture fits a small machine; default: the published count.
+        batch_sizes: label benchmark at these batch sizes (e.g. ``[1,4,8,16]``): ``lkv label --batch_size``'s
+            labeller on the same prompts at each, prompts/s side by side (instead of label_prompt vs
+            generate + forward).
+        label_prompts: prompts each batch-size variant labels (default: the largest batch size).
+        label_length_spread: those prompts' lengths spread evenly over ``[(1 - spread) · S, S]``.
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
     """
@@ -87,6 +95,9 @@ def bench(
         eager_max_length=eager_max_length,
         stream_method=stream_method,
         num_layers=num_layers,
+        batch_sizes=list(batch_sizes) if batch_sizes else None,
+        label_prompts=label_prompts,
+        label_length_spread=label_length_spread,
         seed=seed,
     )
     results = run_benchmarks(selected, settings, lengths, repeats, warmup, threads, memory)

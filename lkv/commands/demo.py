@@ -162,6 +162,7 @@ def demo(
     max_words: int = 800,
     response_tokens: int = 64,
     max_prompt_tokens: int = 1024,
+    label_batch_size: int = 8,
     train_config: str = "configs/smollm2_135m.yaml",
     max_epochs: int | None = None,
     eval_config: str = "configs/eval/default.yaml",
@@ -182,6 +183,7 @@ def demo(
         max_words: longest prompt passage, in words.
         response_tokens: R, response tokens per label.
         max_prompt_tokens: prompt length limit of the labels.
+        label_batch_size: prompts labelled together (``lkv label --batch_size``; same labels as 1, faster).
         train_config: LightningCLI training recipe (its data paths, logger and checkpoint folder are redirected).
         max_epochs: override the recipe's epochs.
         eval_config: ``lkv eval`` suite (output, adapter and importance labels are set by the demo).
@@ -213,6 +215,7 @@ def demo(
                 response_tokens=response_tokens,
                 max_prompt_tokens=max_prompt_tokens,
                 truncation="middle",
+                batch_size=label_batch_size,
                 progress=progress,
             ),
         )

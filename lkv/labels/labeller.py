@@ -102,8 +102,9 @@ def make_meta(
     score_dtype: str,
     store_scores: bool,
     prompt_source: str,
+    extra: dict | None = None,
 ) -> LabelMeta:
-    """Metadata of a label run (the current lkv version filled in)."""
+    """Metadata of a label run (the current lkv version filled in); ``extra``: e.g. the responses' source."""
     return LabelMeta(
         model=signature,
         response_tokens=response_tokens,
@@ -113,4 +114,5 @@ def make_meta(
         store_scores=store_scores,
         prompt_source=prompt_source,
         lkv_version=__version__,
+        extra=dict(extra or {}),
     )

@@ -19,6 +19,8 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
     ground-truth capture (:func:`lkv.labels.labeller.label_prompt`: one prefill, greedy response, one
     teacher-forced pass over the response only) vs ``model.generate`` + one teacher-forced forward over
     prompt + response: seconds and peak memory, whose growth with the prompt length is fitted to a line.
+    With ``batch_sizes`` instead: :func:`lkv.labels.batched.label_batch` on the same prompts at each batch
+    size (:mod:`lkv.perf.label_batches`): prompts/s, speed-up over batch 1, padding and peak memory.
 ``decode``
     seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one.
 ``prefill-memory``
@@ -72,6 +74,7 @@ REFERENCE = {
     "decode": "full",
     "prefill-memory": "two-phase",
 }
+BATCH_PREFIX = "batch-"  # label variants at a batch size: batch-1, batch-4, ...
 MEASURES_MEMORY = ("train-step", "label", "prefill-memory")
 MIB = 2**20
 
@@ -99,7 +102,16 @@ class BenchSettings:
     eager_max_length: int = 2048
     stream_method: str = "lookaheadkv"
     num_layers: int | None = None
+    batch_sizes: list[int] | None = None
+    label_prompts: int | None = None
+    label_length_spread: float = 0.25
     seed: int = 0
+
+    def reference(self, which: str) -> str:
+        """The variant ``which``'s others are compared with."""
+        if which == "label" and self.batch_sizes:
+            return f"{BATCH_PREFIX}{min(self.batch_sizes)}"
+        return REFERENCE[which]
 
     def variants(self, which: str, length: int | None = None) -> list[str]:
         """Variants of ``which``; with ``length``, those measured at that prompt length."""
@@ -107,7 +119,11 @@ class BenchSettings:
         return {
             "train-step": ["two-phase", "naive"] + (["naive-eager"] if eager else []),
             "ttft": ["prefill", *self.methods],
-            "label": ["label_prompt", "generate+forward"],
+            "label": (
+                [f"{BATCH_PREFIX}{size}" for size in self.batch_sizes]
+                if self.batch_sizes
+                else ["label_prompt", "generate+forward"]
+            ),
             "decode": ["full", "compressed"],
             "prefill-memory": ["two-phase", "streamed"],
         }[which]
@@ -249,6 +265,15 @@ class Workbench:
 
         ids, tokens = self.prompt(length), self.settings.response_tokens
         model = self.model
+        if variant.startswith(BATCH_PREFIX):
+            from lkv.perf.label_batches import label_batches_case, spread_lengths
+
+            s = self.settings
+            count = s.label_prompts or max(s.batch_sizes)
+            prompts = [
+                self.prompt(n)[0].tolist() for n in spread_lengths(length, count, s.label_length_spread)
+            ]
+            return label_batches_case(model, prompts, int(variant.removeprefix(BATCH_PREFIX)), tokens)
         if variant == "label_prompt":
 
             def run() -> None:
@@ -360,15 +385,15 @@ def _measure_length(
             if device.type == "cuda":
                 entry["peak_bytes"] = cuda_peak_bytes(cases[variant], device)
             else:
-                kwargs = {
-                    "which": which,
-                    "variant": variant,
-                    "length": length,
-                    "settings": asdict(bench.settings),
-                }
+                settings = asdict(bench.settings)
+                if variant.startswith(BATCH_PREFIX):
+                    # one batch: batches run one after another and free their caches, so one batch's
+                    # peak is the run's (and a fresh subprocess need not label every prompt twice)
+                    settings["label_prompts"] = int(variant.removeprefix(BATCH_PREFIX))
+                kwargs = {"which": which, "variant": variant, "length": length, "settings": settings}
                 entry.update(subprocess_peak_bytes("lkv.perf.bench:memory_case", kwargs, threads))
         out[variant] = entry
-    reference = REFERENCE[which]
+    reference = bench.settings.reference(which)
     if reference in cases:
         for variant in cases:
             if variant != reference:
@@ -411,6 +436,13 @@ def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any
                         d[method]["x_lookaheadkv"] = (
                             d[method]["eviction_pct"] / d["lookaheadkv"]["eviction_pct"]
                         )
+        elif which == "label" and settings.batch_sizes:
+            base = v[settings.reference(which)]
+            for variant, entry in v.items():
+                if ok(entry):
+                    d[variant] = {"prompts_per_s": entry["prompts"] / entry["median_s"]}
+                    if ok(base):
+                        d[variant]["speedup"] = base["median_s"] / entry["median_s"]
         elif which == "label" and ok(v["label_prompt"], v["generate+forward"]):
             d["ratio"] = v["label_prompt"]["median_s"] / v["generate+forward"]["median_s"]
         elif which == "decode" and ok(v["full"], v["compressed"]):
@@ -430,7 +462,7 @@ def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any
                 )
         derived[length] = d
     if which == "label":
-        for variant in ("label_prompt", "generate+forward"):
+        for variant in settings.variants(which):
             points = [(n, v[variant]["peak_bytes"]) for n, v in lengths.items() if "peak_bytes" in v[variant]]
             if len(points) >= 2:
                 derived[f"{variant}_peak_vs_length"] = linear_fit(*zip(*points, strict=True))
@@ -514,6 +546,24 @@ def markdown(which: str, result: dict[str, Any]) -> str:
                         _fmt(m.get("overhead_s"), 1e-3, 1),
                         _fmt(m.get("overhead_pct"), digits=2),
                         _fmt(m.get("x_lookaheadkv"), digits=1),
+                    ]
+                )
+        elif which == "label" and result["settings"]["batch_sizes"]:
+            head = ["S", "batch", "prompts", "padding %", "s", "prompts/s", "speed-up", "peak MiB"]
+            for variant, entry in lengths[length].items():
+                if "median_s" not in entry:
+                    continue
+                figures = d.get(variant, {})
+                rows.append(
+                    [
+                        length,
+                        entry["batch_size"],
+                        entry["prompts"],
+                        _fmt(100 * entry["padding_fraction"], digits=1),
+                        _fmt(entry["median_s"], digits=1),
+                        _fmt(figures.get("prompts_per_s"), digits=3),
+                        _ratio(figures.get("speedup")),
+                        peak(length, variant),
                     ]
                 )
         elif which == "label":
