@@ -6,7 +6,7 @@ from peft import PeftModel
 
 from lkv.core.generation import prefill
 from lkv.core.metrics import importance_kl
-from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
+from lkv.model.lookahead import CONFIG_FILE, INITS, LookaheadAdapter, init_embeddings
 
 
 def random_prompt(model, length: int = 24, seed: int = 0) -> torch.Tensor:
@@ -179,3 +179,26 @@ def test_train_mode_reaches_only_the_adapter_dropout(tiny_llama):
     assert training == {"Dropout", "ModuleDict"}  # peft's lora_dropout dicts; the LLM stays in eval mode
     adapter.eval()
     assert not any(m.training for m in adapter.modules())
+
+
+@pytest.mark.parametrize("init", INITS)
+def test_every_init_builds_on_meta(make_tiny_model, init):
+    """Lightning runs configure_model under a default-device context; ``meta`` (deferred init) is the strictest."""
+    with torch.device("meta"):
+        model, _ = make_tiny_model("llama")
+        adapter = LookaheadAdapter.create(model, num_tokens=5, init=init)
+    assert adapter.embeddings.device.type == "meta"
+    assert adapter.embeddings.shape == (5, model.config.hidden_size)
+    assert {p.device.type for p in adapter.trainable_parameters().values()} == {"meta"}
+
+
+@pytest.mark.parametrize("init", INITS)
+def test_init_ignores_the_default_device_context(tiny_llama, init):
+    """A model already on its device (cuda:k in Lightning; the CPU here) under another default device gets
+    the same seeded draw, on the model's device: a CPU generator must never meet a foreign default device."""
+    model, _ = tiny_llama
+    want = init_embeddings(model, 5, init, seed=3)
+    with torch.device("meta"):
+        got = init_embeddings(model, 5, init, seed=3)
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

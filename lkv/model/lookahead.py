@@ -85,21 +85,27 @@ def _uses_lora(target_modules: list[str] | str) -> bool:
 
 
 def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: int) -> torch.Tensor:
-    """Initial lookahead embeddings ``(M, hidden)`` float32 from the model's input embedding table.
+    """Initial lookahead embeddings ``(M, hidden)`` float32, on the device of the model's input embedding table.
 
     ``vocab_mean``: every row is the mean token embedding (rows still differ through their positions);
     ``random_tokens``: embeddings of ``M`` seeded random vocabulary tokens;
     ``normal``: N(0, σ²) with σ the table's standard deviation.
+
+    The random draws always come from a seeded CPU generator (one stream, whatever the device) and are then
+    moved to the table's device: Lightning calls ``configure_model`` under a default-device context
+    (``cuda:k``, or ``meta`` for deferred initialisation), where a factory call with a CPU generator would
+    fail or land elsewhere. Nothing is read back to the host, so a ``meta`` table gives ``meta`` embeddings.
     """
     table = model.get_input_embeddings().weight.detach().float()
     gen = torch.Generator().manual_seed(seed)
     if init == "vocab_mean":
-        return table.mean(dim=0, keepdim=True).expand(num_tokens, -1).clone().cpu()
+        return table.mean(dim=0, keepdim=True).expand(num_tokens, -1).clone()
     if init == "random_tokens":
-        rows = torch.randint(0, table.shape[0], (num_tokens,), generator=gen)
-        return table[rows.to(table.device)].clone().cpu()
+        rows = torch.randint(0, table.shape[0], (num_tokens,), generator=gen, device="cpu")
+        return table[rows.to(table.device)].clone()
     if init == "normal":
-        return torch.randn(num_tokens, table.shape[1], generator=gen) * table.std().item()
+        draw = torch.randn(num_tokens, table.shape[1], generator=gen, device="cpu")
+        return draw.to(table.device) * table.std()
     raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
 
 
