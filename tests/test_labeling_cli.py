@@ -136,3 +136,33 @@ def test_scores_are_float32_unless_asked_and_a_float16_folder_resumes_as_float16
     for row in load_labels(old):
         sums = row_scores(row, read_meta(old)).sum(-1)
         torch.testing.assert_close(sums, torch.ones_like(sums), atol=1e-2, rtol=0)
+
+
+def test_labeller_loads_straight_onto_its_ranks_device(saved_model):
+    """configure_model runs while the module's own device is still the CPU; the weights must go to the
+    strategy's root device directly. ``meta`` stands in for ``cuda:k``: any CPU copy would show as CPU tensors."""
+    from types import SimpleNamespace
+
+    from lkv.labels.predict import LabelingModule
+
+    module = LabelingModule(model=str(saved_model))
+    module._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("meta")))
+    module.configure_model()
+    assert {p.device.type for p in module.backbone.parameters()} == {"meta"}
+
+
+def test_load_backbone_reads_weights_onto_the_device(saved_model, monkeypatch):
+    """The device reaches transformers' loader (``device_map``) instead of a move after a CPU load."""
+    import lkv.model.backbone
+
+    seen = []
+    real = lkv.model.backbone.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lkv.model.backbone.AutoModelForCausalLM, "from_pretrained", spy)
+    model, _ = load_backbone(str(saved_model), device="meta")
+    assert seen == ["meta"]
+    assert {p.device.type for p in model.parameters()} == {"meta"}

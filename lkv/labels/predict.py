@@ -48,8 +48,11 @@ class LabelingModule(L.LightningModule):
         if self.backbone is not None:
             return
         hp = self.hparams
+        # `self.device` is still the CPU here (Lightning moves the module after this hook): load straight
+        # onto the rank's device instead, so no rank stages the weights in host memory
+        device = self._trainer.strategy.root_device if self._trainer is not None else self.device
         self.backbone, self.tokenizer = load_backbone(
-            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=str(self.device)
+            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
         )
         self.eos = eos_ids(self.backbone, self.tokenizer)
 
