@@ -35,7 +35,8 @@ def bench(
     """Side-by-side speed and memory benchmarks; prints one Markdown table per sub-benchmark.
 
     Args:
-        which: ``train-step``, ``ttft``, ``label``, ``decode``, a list of them, or ``all``.
+        which: ``train-step``, ``ttft``, ``label``, ``decode``, a list of them, or ``all`` (those four);
+            ``train-memory`` only when named.
         lengths: prompt lengths in tokens, for every selected sub-benchmark, or per sub-benchmark as
             ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K.
         repeats: measured repetitions per variant (medians are reported).

@@ -21,6 +21,9 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
     prompt + response: seconds and peak memory, whose growth with the prompt length is fitted to a line.
 ``decode``
     seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one.
+``train-memory`` (only when named; ``--model random:<architecture>``)
+    peak memory of the two-phase step at real shapes without its arithmetic (:mod:`lkv.perf.shape_memory`):
+    measured at 1 and 2 decoder layers, projected to the full depth, plus weights and optimiser per GPU.
 
 Peak memory (``train-step``, ``label``) follows :mod:`lkv.perf.memory`: CUDA allocator statistics on a GPU,
 one fresh subprocess per measurement on the CPU. Prompts are seeded random token ids; generations never
@@ -58,6 +61,9 @@ DEFAULT_LENGTHS: dict[str, tuple[int, ...]] = {
     "decode": (1024, 2048, 4096),
 }
 BENCHMARKS = tuple(DEFAULT_LENGTHS)
+# run only when named (not by --which all): needs --model random:<architecture>
+TRAIN_MEMORY = "train-memory"
+TRAIN_MEMORY_LENGTHS = (4096, 8192, 16384)
 # the variant every other one is compared with
 REFERENCE = {"train-step": "naive", "ttft": "prefill", "label": "generate+forward", "decode": "full"}
 MEASURES_MEMORY = ("train-step", "label")
@@ -101,8 +107,10 @@ class BenchSettings:
 class Workbench:
     """The models and inputs the cases of one process share, each built on first use."""
 
-    def __init__(self, settings: BenchSettings) -> None:
+    def __init__(self, settings: BenchSettings, model: PreTrainedModel | None = None) -> None:
         self.settings = settings
+        if model is not None:  # given instead of loaded from settings.model (e.g. a depth-cut architecture)
+            self.__dict__["model"] = model
 
     @cached_property
     def model(self) -> PreTrainedModel:
@@ -570,10 +578,11 @@ def run_benchmarks(
     memory: bool = True,
 ) -> dict[str, Any]:
     """Run the ``selected`` sub-benchmarks (see :func:`lkv.commands.bench.bench`), print their tables, return all results."""
-    unknown = [name for name in selected if name not in BENCHMARKS]
+    unknown = [name for name in selected if name not in (*BENCHMARKS, TRAIN_MEMORY)]
     if unknown:
         raise ValueError(
-            f"--which: unknown sub-benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)} or all"
+            f"--which: unknown sub-benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}, "
+            f"{TRAIN_MEMORY} or all"
         )
     if isinstance(lengths, dict):
         extra = sorted(set(lengths) - set(selected))
@@ -585,10 +594,16 @@ def run_benchmarks(
     workbench = Workbench(settings)
     results: dict[str, Any] = {"environment": environment(threads, workbench.device), "benchmarks": {}}
     for name in selected:
-        if isinstance(lengths, dict):
-            sizes = lengths.get(name, DEFAULT_LENGTHS[name])
-        else:
-            sizes = lengths or DEFAULT_LENGTHS[name]
+        defaults = TRAIN_MEMORY_LENGTHS if name == TRAIN_MEMORY else DEFAULT_LENGTHS[name]
+        sizes = lengths.get(name, defaults) if isinstance(lengths, dict) else lengths or defaults
+        if name == TRAIN_MEMORY:
+            from lkv.perf import shape_memory
+
+            result = {"settings": asdict(settings), **shape_memory.measure(settings, sorted(sizes))}
+            results["benchmarks"][name] = result
+            print(f"\n## {name} ({settings.model}, {settings.dtype}, fake tensors)\n")
+            print(shape_memory.markdown(result), flush=True)
+            continue
         measured = {
             str(n): _measure_length(workbench, name, n, repeats, warmup, memory, threads)
             for n in sorted(sizes)

@@ -144,21 +144,37 @@ def random_model(
     device: str | torch.device = "cpu",
     attn_implementation: str = "sdpa",
     seed: int = 0,
+    layers: int | None = None,
 ) -> PreTrainedModel:
     """A randomly initialised, frozen causal LM of a named architecture, built directly on ``device``.
 
     No end-of-sequence token is declared: benchmark generations always run their full length.
+
+    Args:
+        layers: keep only this many decoder layers (every width, head count and the vocabulary unchanged),
+            e.g. to measure what one layer of an 8B model costs on a machine that cannot hold all 32.
     """
-    if architecture not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
-    config_class, fields = ARCHITECTURES[architecture]
-    config = config_class(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = architecture_config(architecture, layers)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     model.eval().requires_grad_(False)
     install_capture(model)
     return model
+
+
+def architecture_config(architecture: str, layers: int | None = None) -> PretrainedConfig:
+    """The config of a named architecture (:data:`ARCHITECTURES`), optionally cut to ``layers`` decoder layers."""
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
+    config_class, fields = ARCHITECTURES[architecture]
+    if layers is not None:
+        if not 0 < layers <= fields["num_hidden_layers"]:
+            raise ValueError(
+                f"layers: expected 1..{fields['num_hidden_layers']} for {architecture}, got {layers}"
+            )
+        fields = {**fields, "num_hidden_layers": layers}
+    return config_class(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def load_model(
