@@ -178,7 +178,7 @@ def label(
             prompts of a few thousand tokens.
         shard_size: samples per shard; an interrupted run redoes at most this many per rank.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: ``sdpa`` (default), ``eager``, ``flash_attention_2``...
+        attn_implementation: ``sdpa`` (default) or ``eager`` (``flex_attention`` is refused).
         accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
         progress: show a progress bar.
     """

@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from lkv.core.attention import install_capture
+from lkv.core.attention import check_attn_implementation, install_capture
 from lkv.model import assets
 from lkv.model.gguf import load_gguf
 
@@ -49,8 +49,9 @@ def load_backbone(
     Args:
         model: a short name (``smollm2-135m``), a local HF folder, a local ``.gguf`` file, or a hub id.
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's own dtype).
-        attn_implementation: the base attention (``sdpa``, ``eager``, ``flash_attention_2``, ...) that
-            lkv's capturing wrapper calls.
+        attn_implementation: the base attention that lkv's capturing wrapper calls: ``sdpa`` or ``eager``
+            (``flash_attention_2`` untested; ``flex_attention`` refused, see
+            :func:`lkv.attention.check_attn_implementation`).
         device: where the weights are loaded (``cpu``, ``cuda:1``, ``meta``, ...), passed to transformers as
             ``device_map``: each tensor goes from the checkpoint to that device, so 8 ranks loading an 8B
             model never hold 8 × 15 GiB in host memory. None loads on the CPU.
@@ -61,6 +62,7 @@ def load_backbone(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    check_attn_implementation(attn_implementation)  # before minutes of loading
     torch_dtype = DTYPES[dtype]
     path = Path(model).expanduser()
     if model in SHORT_NAMES:
