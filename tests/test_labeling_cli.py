@@ -166,3 +166,30 @@ def test_load_backbone_reads_weights_onto_the_device(saved_model, monkeypatch):
     model, _ = load_backbone(str(saved_model), device="meta")
     assert seen == ["meta"]
     assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+# Qwen3's switch, reduced to its generation prompt: thinking off closes an empty think block
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_labels_render_the_chat_template_with_thinking_off(tiny_llama, jsonl, tmp_path):
+    model, tokenizer = tiny_llama
+    tokenizer.chat_template = THINKING_TEMPLATE
+    folder = tmp_path / "qwen-like"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    off, on = tmp_path / "off", tmp_path / "on"
+    run(folder, jsonl, off)
+    run(folder, jsonl, on, enable_thinking=True)
+    think = tokenizer("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    for row in load_labels(off):
+        assert row["prompt_ids"][-len(think) :] == think
+    for row in load_labels(on):
+        assert row["prompt_ids"][-len(think) :] != think
+    assert read_meta(off).extra["chat_template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        run(folder, jsonl, off, enable_thinking=True)

@@ -55,8 +55,9 @@ def make_meta(
     score_dtype: str,
     store_scores: bool,
     prompt_source: str,
+    extra: dict | None = None,
 ) -> LabelMeta:
-    """Metadata of a label run (the current lkv version filled in)."""
+    """Metadata of a label run (the current lkv version filled in); ``extra`` goes to ``LabelMeta.extra``."""
     return LabelMeta(
         model=signature,
         response_tokens=response_tokens,
@@ -66,4 +67,5 @@ def make_meta(
         store_scores=store_scores,
         prompt_source=prompt_source,
         lkv_version=__version__,
+        extra=dict(extra or {}),
     )

@@ -38,6 +38,7 @@ class LabelingModule(L.LightningModule):
         max_prompt_tokens: int = 2048,
         truncation: str = "middle",
         store_scores: bool = True,
+        enable_thinking: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -59,7 +60,9 @@ class LabelingModule(L.LightningModule):
     def predict_step(self, batch: list[Prompt], batch_idx: int) -> dict[str, Any] | None:
         (prompt,) = batch
         hp = self.hparams
-        ids = render_prompt(prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation)
+        ids = render_prompt(
+            prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation, template_kwargs(hp.enable_thinking)
+        )
         if ids is None:
             log.warning(
                 "skipping prompt %s: longer than max_prompt_tokens=%d", prompt.id, hp.max_prompt_tokens
@@ -92,6 +95,7 @@ class ShardPredictionWriter(BasePredictionWriter):
             score_dtype=self.score_dtype,
             store_scores=hp.store_scores,
             prompt_source=self.prompt_source,
+            extra={"chat_template_kwargs": template_kwargs(hp.enable_thinking)},
         )
         self.writer = ShardWriter(self.output, meta, self.shard_size, rank=trainer.global_rank)
 
@@ -118,15 +122,21 @@ class ShardPredictionWriter(BasePredictionWriter):
         self.writer.flush()
 
 
+def template_kwargs(enable_thinking: bool) -> dict[str, Any]:
+    """Chat-template variables of a label run (recorded in ``meta.json`` as ``extra.chat_template_kwargs``)."""
+    return {"enable_thinking": enable_thinking}
+
+
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
     if not (output / META_FILE).exists():
         return
     meta = read_meta(output)
     for key, value in settings.items():
-        if getattr(meta, key) != value:
+        found = meta.extra.get(key) if key == "chat_template_kwargs" else getattr(meta, key)
+        if found != value:
             raise ValueError(
-                f"{output} already holds labels with {key}={getattr(meta, key)!r}, this run asks for {value!r}; "
+                f"{output} already holds labels with {key}={found!r}, this run asks for {value!r}; "
                 "use another --output or delete it"
             )
 
@@ -156,6 +166,7 @@ def label(
     shard_size: int = 32,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
+    enable_thinking: bool = False,
     accelerator: str = "auto",
     devices: int | str = 1,
     num_nodes: int = 1,
@@ -179,6 +190,10 @@ def label(
         shard_size: samples per shard; an interrupted run redoes at most this many per rank.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager`` (``flex_attention`` is refused).
+        enable_thinking: passed to the chat template. Off by default: Qwen3's template then renders an empty
+            ``<think></think>`` block, so the R response tokens are the answer rather than reasoning text
+            (templates without the variable ignore it). Recorded in ``meta.json``
+            (``extra.chat_template_kwargs``); a rerun must use the same value.
         accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
         progress: show a progress bar.
     """
@@ -199,6 +214,7 @@ def label(
         truncation=truncation,
         score_dtype=score_dtype,
         store_scores=store_scores,
+        chat_template_kwargs=template_kwargs(enable_thinking),
     )
     all_prompts = list(prompts)
     if not all_prompts:
@@ -219,7 +235,14 @@ def label(
     )
     if todo:
         module = LabelingModule(
-            model, dtype, attn_implementation, response_tokens, max_prompt_tokens, truncation, store_scores
+            model,
+            dtype,
+            attn_implementation,
+            response_tokens,
+            max_prompt_tokens,
+            truncation,
+            store_scores,
+            enable_thinking,
         )
         writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
         trainer = L.Trainer(
