@@ -45,7 +45,8 @@ class LookaheadConfig:
         hidden_size: width of each embedding (the base model's hidden size).
         lora_rank, lora_alpha, lora_dropout: LoRA settings (ignored when ``target_modules`` is ``"none"``).
         target_modules: ``"all-linear"`` (q,k,v,o,gate,up,down; never lm_head), a list of module names,
-            or ``"none"`` for an embeddings-only module.
+            or ``"none"`` for an embeddings-only module. The last layer keeps only q and k of them
+            (:func:`unreachable_linears`).
         init, seed: how the embeddings were initialised.
         base_model: the base model's signature (:meth:`lkv.model.backbone.ModelSignature.to_dict`), if known.
     """
@@ -109,6 +110,23 @@ def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: in
     raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
 
 
+def unreachable_linears(model: PreTrainedModel) -> list[str]:
+    """Names of the linear layers whose LoRA could never change the predicted scores: in the last decoder layer,
+    everything but the query and key projections.
+
+    The lookahead step reads the last layer's attention *rows*, which depend on its queries and keys only;
+    its values, output projection and MLP feed nothing after them (no LM head runs). Their LoRA weights would
+    never get a gradient, and DDP would have to search the graph for unused parameters every step.
+    """
+    last = model.get_decoder().layers[-1]
+    prefix = next(name for name, module in model.named_modules() if module is last)
+    return [
+        f"{prefix}.{name}"
+        for name, module in last.named_modules()
+        if isinstance(module, nn.Linear) and not name.endswith(("q_proj", "k_proj"))
+    ]
+
+
 def _adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
     """Every parameter peft added (LoRA A/B, ...), found through peft's own bookkeeping."""
     params: list[nn.Parameter] = []
@@ -163,7 +181,8 @@ class LookaheadAdapter(nn.Module):
     ) -> LookaheadAdapter:
         """A fresh, trainable lookahead module on ``model`` (frozen; prepared with ``install_capture``).
 
-        The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0).
+        The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0). Targets that
+        cannot reach the loss (:func:`unreachable_linears`: the last layer's v, o and MLP) get no LoRA.
         """
         if num_tokens <= 0:
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
@@ -190,6 +209,7 @@ class LookaheadAdapter(nn.Module):
                 lora_alpha=lora_alpha,
                 lora_dropout=lora_dropout,
                 target_modules=target_modules,
+                exclude_modules=unreachable_linears(model),
                 bias="none",
             )
             model = get_peft_model(model, lora)
