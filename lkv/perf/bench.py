@@ -107,9 +107,15 @@ class BenchSettings:
 class Workbench:
     """The models and inputs the cases of one process share, each built on first use."""
 
-    def __init__(self, settings: BenchSettings, model: PreTrainedModel | None = None) -> None:
+    def __init__(
+        self, settings: BenchSettings, model: PreTrainedModel | None = None, share_model: bool = False
+    ) -> None:
+        """``model``: use it instead of loading ``settings.model`` (e.g. a depth-cut architecture);
+        ``share_model``: inject the lookahead module into the model itself, not a copy (when only the
+        training step runs: a copy of an 8B-wide model costs gigabytes)."""
         self.settings = settings
-        if model is not None:  # given instead of loaded from settings.model (e.g. a depth-cut architecture)
+        self.share_model = share_model
+        if model is not None:
             self.__dict__["model"] = model
 
     @cached_property
@@ -123,7 +129,7 @@ class Workbench:
 
     @cached_property
     def lookahead(self):
-        """A randomly initialised lookahead module on a *copy* of the model.
+        """A randomly initialised lookahead module on a *copy* of the model (unless ``share_model``).
 
         The LoRA is injected in place, so the plain prefill and the other methods keep running the
         unwrapped model, while LookaheadKV pays for peft's (disabled) wrappers in its own prefill.
@@ -132,7 +138,10 @@ class Workbench:
 
         s = self.settings
         return LookaheadAdapter.create(
-            copy.deepcopy(self.model), num_tokens=s.num_lookahead, lora_rank=s.lora_rank, seed=s.seed
+            self.model if self.share_model else copy.deepcopy(self.model),
+            num_tokens=s.num_lookahead,
+            lora_rank=s.lora_rank,
+            seed=s.seed,
         )
 
     @cached_property
@@ -592,7 +601,9 @@ def run_benchmarks(
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
     workbench = Workbench(settings)
-    results: dict[str, Any] = {"environment": environment(threads, workbench.device), "benchmarks": {}}
+    # the settings' device, not the model's: asking the model would load it (train-memory never does)
+    device = torch.device(settings.device or "cpu")
+    results: dict[str, Any] = {"environment": environment(threads, device), "benchmarks": {}}
     for name in selected:
         defaults = TRAIN_MEMORY_LENGTHS if name == TRAIN_MEMORY else DEFAULT_LENGTHS[name]
         sizes = lengths.get(name, defaults) if isinstance(lengths, dict) else lengths or defaults

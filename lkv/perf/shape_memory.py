@@ -18,6 +18,7 @@ is then ``constant + layers × per_layer``, and a GPU also holds the frozen weig
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any
 
@@ -134,11 +135,12 @@ def measure(settings: Any, lengths: list[int], gpu_gib: float = 80.0) -> dict[st
     trainable: dict[int, int] = {}
     for layers in LAYER_COUNTS:
         model = random_model(architecture, dtype, "cpu", settings.attn_implementation, settings.seed, layers)
-        bench = Workbench(settings, model=model)
+        bench = Workbench(settings, model=model, share_model=True)
         trainable[layers] = sum(p.numel() for p in bench.lookahead.trainable_parameters().values())
         for length in lengths:
             peaks[length][layers] = step_peak_bytes(bench, length)
         del bench, model
+        gc.collect()  # the next depth's weights must not sit beside these (an 8B-wide layer stack is GiBs)
     depth = full.num_hidden_layers
     params = trainable[1] + (depth - 1) * (trainable[2] - trainable[1])
     optimizer = params * 4 * (1 + ADAM_STATES)
