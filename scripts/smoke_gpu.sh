@@ -38,7 +38,7 @@ if [[ -z "${DRY_RUN:-}" ]]; then
 fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
-stage() { "$PYTHON" -m lkv.perf.smoke stage --out "$OUT" "$1" -- "${@:2}"; }
+stage() { "$PYTHON" scripts/smoke_stage.py --out "$OUT" "$1" -- "${@:2}"; }
 
 "$PYTHON" -m lkv.perf.smoke assets --out "$OUT" --arch "$ARCH" --dtype "$DTYPE" --device "$DEVICE" \
   --train-lengths "${TRAIN_LENGTHS[@]}" --heldout-lengths "${HELDOUT_LENGTHS[@]}"

@@ -610,7 +610,10 @@ def run_benchmarks(
         if name == TRAIN_MEMORY:
             from lkv.perf import shape_memory
 
-            result = {"settings": asdict(settings), **shape_memory.measure(settings, sorted(sizes))}
+            def on_model(model: PreTrainedModel) -> Workbench:
+                return Workbench(settings, model=model, share_model=True)
+
+            result = {"settings": asdict(settings), **shape_memory.measure(settings, sorted(sizes), on_model)}
             results["benchmarks"][name] = result
             print(f"\n## {name} ({settings.model}, {settings.dtype}, fake tensors)\n")
             print(shape_memory.markdown(result), flush=True)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 MIB = 2**20
 GIB = 2**30
@@ -76,7 +77,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
 
 def step_peak_bytes(bench: Any, length: int) -> int:
-    """Peak bytes alive during one two-phase training step of ``bench`` (a :class:`lkv.bench.Workbench`).
+    """Peak bytes alive during one two-phase training step of ``bench`` (a :class:`lkv.perf.bench.Workbench`).
 
     The model and the lookahead module are real (built before); the prompt, the labels and everything the
     step makes are fake, so the step costs no arithmetic.
@@ -99,12 +100,16 @@ LAYER_COUNTS = (1, 2)
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 like the trainable weights
 
 
-def measure(settings: Any, lengths: list[int], gpu_gib: float = 80.0) -> dict[str, Any]:
+def measure(
+    settings: Any, lengths: list[int], workbench: Callable[[PreTrainedModel], Any], gpu_gib: float = 80.0
+) -> dict[str, Any]:
     """Peak step memory at 1 and 2 decoder layers per prompt length, and the full-depth per-GPU estimate.
 
     Args:
-        settings: a :class:`lkv.bench.BenchSettings` whose ``model`` is ``random:<architecture>``.
+        settings: a :class:`lkv.perf.bench.BenchSettings` whose ``model`` is ``random:<architecture>``.
         lengths: prompt lengths S in tokens.
+        workbench: builds the :class:`lkv.perf.bench.Workbench` that runs the step on a given model (with
+            the lookahead module injected into that model itself: a copy of an 8B-wide model costs GiBs).
         gpu_gib: memory of one GPU, for the headroom column.
 
     Returns:
@@ -115,7 +120,6 @@ def measure(settings: Any, lengths: list[int], gpu_gib: float = 80.0) -> dict[st
         step).
     """
     from lkv.model.backbone import DTYPES
-    from lkv.perf.bench import Workbench
     from lkv.perf.models import RANDOM_PREFIX, architecture_config, random_model
 
     if not settings.model.startswith(RANDOM_PREFIX):
@@ -135,7 +139,7 @@ def measure(settings: Any, lengths: list[int], gpu_gib: float = 80.0) -> dict[st
     trainable: dict[int, int] = {}
     for layers in LAYER_COUNTS:
         model = random_model(architecture, dtype, "cpu", settings.attn_implementation, settings.seed, layers)
-        bench = Workbench(settings, model=model, share_model=True)
+        bench = workbench(model)
         trainable[layers] = sum(p.numel() for p in bench.lookahead.trainable_parameters().values())
         for length in lengths:
             peaks[length][layers] = step_peak_bytes(bench, length)

@@ -8,12 +8,12 @@
     template), and prompt files ``DIR/prompts-{train,heldout}.jsonl`` of pseudo-words, one prompt per
     requested length in tokens (the rendered prompt, chat template included, is that long to within a few
     tokens).
-``stage --out DIR NAME -- LKV ARGS...``
-    runs ``lkv LKV ARGS...`` in this process and appends ``{"stage", "seconds", "peak_bytes", "peak_kind"}``
-    to ``DIR/stages.jsonl``: CUDA's ``max_memory_allocated`` when a GPU is visible, else the process's
-    peak resident set (``ru_maxrss``, which includes the interpreter and everything loaded).
 ``summary --out DIR``
     ``DIR/summary.md`` and ``summary.json`` from the stages, the step times and the TTFT benchmark.
+
+Each stage runs under ``scripts/smoke_stage.py`` (the ``lkv`` entry point in-process, then
+:func:`record_stage`: CUDA's ``max_memory_allocated`` when a GPU was used, else the process's peak resident
+set, ``ru_maxrss``, which includes the interpreter and everything loaded).
 
 :class:`StepTimes` is the Lightning callback the smoke overlay adds to ``lkv fit``: seconds per optimiser
 step on the synchronised clock, written to a JSON file when training ends.
@@ -35,7 +35,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from lkv.clock import clock
+from lkv.core.clock import clock
 from lkv.perf.models import architecture_config
 
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -88,7 +88,7 @@ def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB, seed: int = 0) -> PreTrai
 
 def save_model(folder: Path, architecture: str, dtype: str, device: str, seed: int = 0) -> None:
     """A random model of ``architecture`` and :func:`build_tokenizer` saved to ``folder`` (weights in ``dtype``)."""
-    from lkv.backbone import DTYPES
+    from lkv.model.backbone import DTYPES
 
     config = architecture_config(architecture)
     tokenizer = build_tokenizer(min(TOKENIZER_VOCAB, config.vocab_size), seed)
@@ -128,14 +128,8 @@ def peak_memory() -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"  # Linux reports kB
 
 
-def run_stage(name: str, out: Path, args: list[str]) -> dict[str, Any]:
-    """Run ``lkv ARGS`` in this process; append its wall seconds and peak memory to ``out/stages.jsonl``."""
-    from lkv.cli import main
-
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    start = clock(device)
-    main(args)
-    seconds = clock(device) - start
+def record_stage(name: str, out: Path, args: list[str], seconds: float) -> dict[str, Any]:
+    """Append a finished stage's seconds and this process's peak memory to ``out/stages.jsonl``."""
     peak, kind = peak_memory()
     record = {"stage": name, "seconds": seconds, "peak_bytes": peak, "peak_kind": kind, "command": args}
     with (out / STAGES_FILE).open("a", encoding="utf-8") as stages:
@@ -226,10 +220,6 @@ def main(argv: list[str] | None = None) -> None:
     assets.add_argument("--device", default="cuda")
     assets.add_argument("--train-lengths", type=int, nargs="+", required=True)
     assets.add_argument("--heldout-lengths", type=int, nargs="+", required=True)
-    stage = sub.add_parser("stage")
-    stage.add_argument("name")
-    stage.add_argument("--out", type=Path, required=True)
-    stage.add_argument("lkv_args", nargs=argparse.REMAINDER)
     summary = sub.add_parser("summary")
     summary.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -239,9 +229,6 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out / "model")
         write_prompts(args.out / "prompts-train.jsonl", tokenizer, args.train_lengths, seed=1)
         write_prompts(args.out / "prompts-heldout.jsonl", tokenizer, args.heldout_lengths, seed=2)
-    elif args.command == "stage":
-        lkv_args = args.lkv_args[1:] if args.lkv_args[:1] == ["--"] else args.lkv_args
-        run_stage(args.name, args.out, lkv_args)
     else:
         summarise(args.out)
 
