@@ -46,7 +46,7 @@ stage() { "$PYTHON" scripts/smoke_stage.py --out "$OUT" "$1" -- "${@:2}"; }
 # The labelling commands of configs/llama3_8b.yaml's header, on the local model and prompt files.
 LABEL=(--model "$OUT/model" --dtype "$DTYPE" --accelerator "$ACCEL" --devices 1 --response_tokens "$RESPONSE"
        --max_prompt_tokens "$MAX_PROMPT" --truncation middle --progress false
-       --prompts.class_path lkv.data.prompts.JsonlPrompts --prompts.init_args.id_field id)
+       --prompts.class_path lkv.labels.prompts.JsonlPrompts --prompts.init_args.id_field id)
 stage label-train label "${LABEL[@]}" --output "$OUT/labels/train" \
   --prompts.init_args.path "$OUT/prompts-train.jsonl" --store_scores false
 # held-out WITH scores (float32): validation and `lkv eval` read the ground truth from disk
@@ -93,7 +93,7 @@ stage fit-resume fit --config configs/llama3_8b.yaml --config "$OUT/overlay-resu
 
 stage eval eval --model "$OUT/model" --dtype "$DTYPE" --device "$DEVICE" --adapter "$OUT/checkpoints/last.ckpt" \
   --methods '[lookaheadkv, snapkv]' --budgets "$BUDGETS" --settings '[aware]' --output "$OUT/eval" \
-  --progress false --tasks "[{class_path: lkv.benchmarks.ImportanceTask, init_args: {folder: $OUT/labels/heldout, budgets: $BUDGETS}}]"
+  --progress false --tasks "[{class_path: lkv.eval.tasks.ImportanceTask, init_args: {folder: $OUT/labels/heldout, budgets: $BUDGETS}}]"
 
 stage bench-ttft bench --which ttft --model "random:$ARCH" --dtype "$DTYPE" --device "$DEVICE" \
   --lengths "$TTFT_LENGTHS" "${BENCH[@]}" --json_out "$OUT/ttft.json"
