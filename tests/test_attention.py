@@ -149,3 +149,13 @@ def test_capture_stays_fp32_under_bf16_autocast(tiny_llama):
     assert scores.dtype == torch.float32
     # the model itself ran in bf16, so only the rows' arithmetic is fp32: close, not equal
     torch.testing.assert_close(scores, plain.scores(), atol=2e-2, rtol=0)
+
+
+def test_flex_attention_is_refused_with_the_supported_kernels(make_tiny_model, tmp_path):
+    """Its BlockMask is not a tensor the capture could slice: refuse it by name, before loading weights."""
+    from lkv.model.backbone import load_backbone
+
+    with pytest.raises(ValueError, match=r"flex_attention.*BlockMask.*sdpa, eager"):
+        make_tiny_model(attn_implementation="flex_attention")
+    with pytest.raises(ValueError, match="flex_attention"):
+        load_backbone(str(tmp_path / "never-read"), attn_implementation="flex_attention")

@@ -246,3 +246,29 @@ def test_fullkv_finds_a_heldout_needle_on_smollm2(tmp_path):
     assert by_method["fullkv"]["score"] == 1.0, by_method["fullkv"]["prediction"]
     # 64 recent tokens hold only the question, not the needle in the middle of the haystack
     assert by_method["streamingllm"]["score"] == 0.0
+
+
+def test_eval_timings_read_the_synchronised_clock(tiny_llama, monkeypatch):
+    """Prefill and scoring seconds come from lkv.core.clock (which waits for CUDA), as the Compressor's do."""
+    model, _ = tiny_llama
+    seen = []
+    ticks = iter(range(100))
+
+    def spy(device):
+        seen.append(device)
+        return float(next(ticks))
+
+    monkeypatch.setattr(lkv.eval.runner, "clock", spy)
+    ids = torch.arange(1, 20)[None]
+    shared = shared_prefill(model, ids, {"snapkv": make_method("snapkv", window=4)})
+    assert shared.seconds == 1.0 and seen == [ids.device] * 2
+
+
+def test_clock_waits_for_cuda(monkeypatch):
+    import lkv.core.clock
+
+    synced = []
+    monkeypatch.setattr(lkv.core.clock.torch.cuda, "synchronize", synced.append)
+    lkv.core.clock.clock(torch.device("cpu"))
+    lkv.core.clock.clock(torch.device("cuda", 1))
+    assert synced == [torch.device("cuda", 1)]

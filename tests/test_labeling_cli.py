@@ -274,3 +274,60 @@ def test_responses_that_do_not_fit_are_refused(saved_model, jsonl, tmp_path):
     refused(good[:4] + [{"id": "q4", "response": "alpha " * 10}], "over --response_tokens 5")
     refused(good[:4] + [{"id": "q4", "response": "a", "prompt_ids": [1, 2, 3]}], "'prompt_ids' differ", False)
     refused(good + [{"id": "q4", "response": "again"}], "already has a response")
+
+
+def test_labeller_loads_straight_onto_its_ranks_device(saved_model):
+    """configure_model runs while the module's own device is still the CPU; the weights must go to the
+    strategy's root device directly. ``meta`` stands in for ``cuda:k``: any CPU copy would show as CPU tensors."""
+    from types import SimpleNamespace
+
+    from lkv.labels.predict import LabelingModule
+
+    module = LabelingModule(model=str(saved_model))
+    module._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("meta")))
+    module.configure_model()
+    assert {p.device.type for p in module.backbone.parameters()} == {"meta"}
+
+
+def test_load_backbone_reads_weights_onto_the_device(saved_model, monkeypatch):
+    """The device reaches transformers' loader (``device_map``) instead of a move after a CPU load."""
+    import lkv.model.backbone
+
+    seen = []
+    real = lkv.model.backbone.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lkv.model.backbone.AutoModelForCausalLM, "from_pretrained", spy)
+    model, _ = load_backbone(str(saved_model), device="meta")
+    assert seen == ["meta"]
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+# Qwen3's switch, reduced to its generation prompt: thinking off closes an empty think block
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_labels_render_the_chat_template_with_thinking_off(tiny_llama, jsonl, tmp_path):
+    model, tokenizer = tiny_llama
+    tokenizer.chat_template = THINKING_TEMPLATE
+    folder = tmp_path / "qwen-like"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    off, on = tmp_path / "off", tmp_path / "on"
+    run(folder, jsonl, off)
+    run(folder, jsonl, on, enable_thinking=True)
+    think = tokenizer("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    for row in load_labels(off):
+        assert row["prompt_ids"][-len(think) :] == think
+    for row in load_labels(on):
+        assert row["prompt_ids"][-len(think) :] != think
+    assert read_meta(off).extra["chat_template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        run(folder, jsonl, off, enable_thinking=True)

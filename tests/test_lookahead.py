@@ -6,7 +6,7 @@ from peft import PeftModel
 
 from lkv.core.generation import prefill
 from lkv.core.metrics import importance_kl
-from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
+from lkv.model.lookahead import CONFIG_FILE, INITS, LookaheadAdapter, init_embeddings
 
 
 def random_prompt(model, length: int = 24, seed: int = 0) -> torch.Tensor:
@@ -63,18 +63,17 @@ def test_gradients_reach_only_lookahead_embeddings_and_lora(tiny_model):
     perturb_lora(adapter)  # with B = 0, LoRA A gets an exactly zero gradient
     trainable = adapter.trainable_parameters()
     assert "embeddings" in trainable
-    # all-linear: q,k,v,o,gate,up,down in every layer, A and B each; never lm_head
-    assert len(trainable) == 1 + model.config.num_hidden_layers * 7 * 2
+    # all-linear: q,k,v,o,gate,up,down in every layer but the last, whose scores depend on its q/k only
+    # (its v, o and MLP could never influence the loss); A and B each; never lm_head
+    assert len(trainable) == 1 + (model.config.num_hidden_layers * 7 - 5) * 2
     assert not any("lm_head" in name for name in trainable)
     cache, _ = prefill(adapter.model, ids)
     pred = adapter.predict(cache, ids.shape[1])
     target = torch.softmax(torch.randn(pred.shape), dim=-1)
     importance_kl(target, pred).mean().backward()
-    # The last layer's scores depend on its q/k only: its v, o and MLP never influence the loss.
-    last = f"layers.{model.config.num_hidden_layers - 1}."
-    dead = ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # every trainable weight gets a gradient: DDP needs no search for unused parameters
     for name, p in adapter.named_parameters():
-        if name in trainable and not (last in name and any(d in name for d in dead)):
+        if name in trainable:
             assert p.grad is not None and p.grad.abs().sum() > 0, name
         else:
             assert p.grad is None, name
@@ -97,7 +96,7 @@ def test_lora_on_chosen_modules_only(tiny_llama):
     model, _ = tiny_llama
     adapter = LookaheadAdapter.create(model, num_tokens=2, target_modules=["q_proj", "v_proj"])
     names = [n for n in adapter.trainable_parameters() if n != "embeddings"]
-    assert len(names) == model.config.num_hidden_layers * 2 * 2
+    assert len(names) == (model.config.num_hidden_layers * 2 - 1) * 2  # no v_proj in the last layer
     assert all(".q_proj." in n or ".v_proj." in n for n in names)
 
 
@@ -179,3 +178,26 @@ def test_train_mode_reaches_only_the_adapter_dropout(tiny_llama):
     assert training == {"Dropout", "ModuleDict"}  # peft's lora_dropout dicts; the LLM stays in eval mode
     adapter.eval()
     assert not any(m.training for m in adapter.modules())
+
+
+@pytest.mark.parametrize("init", INITS)
+def test_every_init_builds_on_meta(make_tiny_model, init):
+    """Lightning runs configure_model under a default-device context; ``meta`` (deferred init) is the strictest."""
+    with torch.device("meta"):
+        model, _ = make_tiny_model("llama")
+        adapter = LookaheadAdapter.create(model, num_tokens=5, init=init)
+    assert adapter.embeddings.device.type == "meta"
+    assert adapter.embeddings.shape == (5, model.config.hidden_size)
+    assert {p.device.type for p in adapter.trainable_parameters().values()} == {"meta"}
+
+
+@pytest.mark.parametrize("init", INITS)
+def test_init_ignores_the_default_device_context(tiny_llama, init):
+    """A model already on its device (cuda:k in Lightning; the CPU here) under another default device gets
+    the same seeded draw, on the model's device: a CPU generator must never meet a foreign default device."""
+    model, _ = tiny_llama
+    want = init_embeddings(model, 5, init, seed=3)
+    with torch.device("meta"):
+        got = init_embeddings(model, 5, init, seed=3)
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

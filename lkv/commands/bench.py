@@ -40,7 +40,8 @@ def bench(
     """Side-by-side speed and memory benchmarks; prints one Markdown table per sub-benchmark.
 
     Args:
-        which: ``train-step``, ``ttft``, ``label``, ``decode``, ``prefill-memory``, a list of them, or ``all``.
+        which: ``train-step``, ``ttft``, ``label``, ``decode``, ``prefill-memory``, a list of them, or ``all``
+            (those five); ``train-memory`` only when named.
         lengths: prompt lengths in tokens, for every selected sub-benchmark, or per sub-benchmark as
             ``{"ttft": [8192, 16384], ...}``; default: train-step/label/decode 1K–4K, ttft 1K–8K,
             prefill-memory 4K–8K.

@@ -246,15 +246,39 @@ def _plain_softmax(kwargs: dict) -> bool:
     )
 
 
+# implementation → why the capture cannot run under it
+REFUSED_ATTENTION = {
+    "flex_attention": "it passes a BlockMask, which the capture would have to slice like a tensor mask",
+}
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def check_attn_implementation(name: str) -> None:
+    """Refuse an attention implementation the capture cannot work with (before any weights are loaded).
+
+    Supported and tested: ``sdpa`` (the default) and ``eager``. ``flash_attention_2`` is passed through (at
+    batch size 1 its mask is None, which the capture reads as plain causal) but untested here.
+    """
+    if name in REFUSED_ATTENTION:
+        raise ValueError(
+            f"attn_implementation={name!r} is not supported: {REFUSED_ATTENTION[name]}; "
+            f"use one of {', '.join(SUPPORTED_ATTENTION)}"
+        )
+
+
 def install_capture(model: PreTrainedModel) -> str:
     """Route ``model``'s attention through the capturing wrapper of its current implementation.
 
     Idempotent. Returns the new implementation name (``lkv_<base>``). Outputs are unchanged: the wrapper
     calls the original implementation and only adds work when ``lkv_capture`` is passed.
+
+    Raises:
+        ValueError: for an implementation in :data:`REFUSED_ATTENTION` (see :func:`check_attn_implementation`).
     """
     current = model.config._attn_implementation
     if current.startswith(_PREFIX):
         return current
+    check_attn_implementation(current)
     if getattr(model.config, "attn_logit_softcapping", None):
         raise NotImplementedError(f"{model.config.model_type}: attention logit soft-capping is not supported")
     name = _PREFIX + current

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import cache_bytes
+from lkv.core.clock import clock
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
 from lkv.eval.report import FULL, NO_BUDGET
@@ -119,9 +119,9 @@ def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str,
             capture = unique.setdefault((type(capture), capture.num_keys, capture.last_queries), capture)
         captures[name] = capture
     kwargs = {"lkv_capture": list(unique.values())} if unique else {}
-    start = time.perf_counter()
+    start = clock(ids.device)
     cache, next_logits = prefill(model, ids, **kwargs)
-    return Prefilled(ids, cache, next_logits, captures, time.perf_counter() - start)
+    return Prefilled(ids, cache, next_logits, captures, clock(ids.device) - start)
 
 
 @torch.no_grad()
@@ -256,11 +256,11 @@ class Evaluator:
         scored: dict[str, ScoredPrompt] = {}
         for method in dict.fromkeys(m for m, _ in todo if m != "fullkv" and m not in streams):
             if method == "oracle":
-                start = time.perf_counter()
+                start = clock(ids.device)
                 scores = answer_importance(
                     self.model, shared.cache, ids.shape[1], appended, full["answer_ids"]
                 )
-                seconds = time.perf_counter() - start
+                seconds = clock(ids.device) - start
             else:
                 scores, seconds = self._press_scores(method, shared)
             scored[method] = ScoredPrompt(
@@ -293,9 +293,9 @@ class Evaluator:
             shared.captures[method],
             self.full.eos_token_ids,
         )
-        start = time.perf_counter()
+        start = clock(shared.ids.device)
         scores = self.compressors[method].press.score(ctx)
-        return scores, time.perf_counter() - start
+        return scores, clock(shared.ids.device) - start
 
     def _generate(
         self,

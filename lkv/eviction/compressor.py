@@ -29,7 +29,6 @@ policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while t
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question
+from lkv.core.clock import clock
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
@@ -257,9 +257,9 @@ class Compressor:
     def _score(self, ids: torch.Tensor, with_scores: bool) -> ScoredPrompt:
         prompt_len = ids.shape[1]
         capture = self.press.prefill_capture(prompt_len) if with_scores else None
-        start = _clock(self.device)
+        start = clock(self.device)
         cache, next_logits = prefill(self.model, ids, **({} if capture is None else {"lkv_capture": capture}))
-        prefilled = _clock(self.device)
+        prefilled = clock(self.device)
         scores = None
         if with_scores:
             scores = self.press.score(
@@ -271,7 +271,7 @@ class Compressor:
                     f"{self.press.name} left {sorted(lengths)} entries per layer in the cache after scoring, "
                     f"expected the prompt's {prompt_len}: a press must crop the tokens it appends"
                 )
-        scored = _clock(self.device)
+        scored = clock(self.device)
         return ScoredPrompt(
             ids, cache, next_logits, scores, cache_bytes(cache), prefilled - start, scored - prefilled
         )
@@ -289,7 +289,7 @@ class Compressor:
         budget = self.budget if budget is None else check_budget(budget)
         tokens = budget_tokens(budget, scored.prompt_len)
         budgets = self.layer_budgets(budget, scored.prompt_len)
-        start = _clock(self.device)
+        start = clock(self.device)
         cache = scored.cache if in_place else copy.deepcopy(scored.cache)
         kept = None
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
@@ -298,7 +298,7 @@ class Compressor:
             sink, recent = self._protected(scored.prompt_len, tokens)
             kept = select_indices(scored.scores, budgets, sink, recent, self.kernel, self.pooling)
             cache = gather_cache(cache, kept)
-        evicted = _clock(self.device)
+        evicted = clock(self.device)
         return CompressedPrompt(
             cache=cache,
             next_logits=scored.next_logits,
@@ -346,7 +346,7 @@ class Compressor:
             self.kernel,
             self.pooling,
             keep_scores=self.decode_policy is not None,  # a decode-time policy may seed from them
-            clock=lambda: _clock(self.device),
+            clock=lambda: clock(self.device),
         )
         return CompressedPrompt(
             cache=out.cache,
@@ -427,9 +427,9 @@ class Compressor:
             raise ValueError("the question is empty")
         cache = copy.deepcopy(context.cache)
         upkeep = self._begin(context, cache)
-        start = _clock(self.device)
+        start = clock(self.device)
         next_logits = append_tokens(self.model, cache, ids, context.prompt_len, upkeep)
-        appended = _clock(self.device) - start
+        appended = clock(self.device) - start
         return self._decode(
             context,
             cache,
@@ -472,7 +472,7 @@ class Compressor:
                 raise ValueError("stop strings need a tokenizer")
             stopper = StopStrings(self.tokenizer, sampling.stop)
         sampler = sampling.sampler()
-        start = _clock(self.device)
+        start = clock(self.device)
         cache = upkeep.enforce(cache)  # a question appended, or a policy budget below the prompt's
         tokens = decode(
             self.model,
@@ -485,7 +485,7 @@ class Compressor:
             stopper,
             upkeep,
         )
-        decode_s = _clock(self.device) - start
+        decode_s = clock(self.device) - start
         text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
         if tokens[-1] in self.eos_token_ids:
             reason = "eos"
@@ -544,13 +544,6 @@ def append_tokens(
 def _model_eos(model: PreTrainedModel) -> list[int]:
     found = model.generation_config.eos_token_id if model.generation_config is not None else None
     return [] if found is None else sorted(set(found if isinstance(found, list) else [found]))
-
-
-def _clock(device: torch.device) -> float:
-    """``perf_counter`` after the device has finished its queued work (timings of asynchronous GPUs)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def load_lookahead(

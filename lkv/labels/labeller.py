@@ -104,7 +104,7 @@ def make_meta(
     prompt_source: str,
     extra: dict | None = None,
 ) -> LabelMeta:
-    """Metadata of a label run (the current lkv version filled in); ``extra``: e.g. the responses' source."""
+    """Metadata of a label run (the current lkv version filled in); ``extra`` goes to ``LabelMeta.extra``."""
     return LabelMeta(
         model=signature,
         response_tokens=response_tokens,

@@ -51,6 +51,7 @@ class LabelingModule(L.LightningModule):
         store_scores: bool = True,
         responses: ResponsesFile | None = None,
         label_mode: str = "aware",
+        enable_thinking: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["responses"])
@@ -66,8 +67,11 @@ class LabelingModule(L.LightningModule):
         if self.backbone is not None:
             return
         hp = self.hparams
+        # `self.device` is still the CPU here (Lightning moves the module after this hook): load straight
+        # onto the rank's device instead, so no rank stages the weights in host memory
+        device = self._trainer.strategy.root_device if self._trainer is not None else self.device
         self.backbone, self.tokenizer = load_backbone(
-            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=str(self.device)
+            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
         )
         self.eos = eos_ids(self.backbone, self.tokenizer)
 
@@ -123,7 +127,13 @@ class LabelingModule(L.LightningModule):
         trailing question (``agnostic``); ``(None, None)`` for a prompt to skip."""
         hp = self.hparams
         if hp.label_mode != "agnostic":
-            ids = render_prompt(prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation)
+            ids = render_prompt(
+                prompt,
+                self.tokenizer,
+                hp.max_prompt_tokens,
+                hp.truncation,
+                template_kwargs(hp.enable_thinking),
+            )
             if ids is None:
                 log.warning(
                     "skipping prompt %s: longer than max_prompt_tokens=%d", prompt.id, hp.max_prompt_tokens
@@ -168,7 +178,10 @@ class ShardPredictionWriter(BasePredictionWriter):
             score_dtype=self.score_dtype,
             store_scores=hp.store_scores,
             prompt_source=self.prompt_source,
-            extra=responses_meta(pl_module.responses),
+            extra={
+                **responses_meta(pl_module.responses),
+                "chat_template_kwargs": template_kwargs(hp.enable_thinking),
+            },
         )
         meta.extra["label_mode"] = hp.label_mode
         self.writer = ShardWriter(self.output, meta, self.shard_size, rank=trainer.global_rank)
@@ -213,6 +226,11 @@ def _prompt_chars(prompt: Prompt) -> int:
     return sum(len(m["content"]) for m in prompt.messages)
 
 
+def template_kwargs(enable_thinking: bool) -> dict[str, Any]:
+    """Chat-template variables of a label run (recorded in ``meta.json`` as ``extra.chat_template_kwargs``)."""
+    return {"enable_thinking": enable_thinking}
+
+
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
     if not (output / META_FILE).exists():
@@ -221,8 +239,10 @@ def _check_resumable(output: Path, **settings: Any) -> None:
     for key, value in settings.items():
         if key == "label_mode":  # folders from before label modes existed are question-aware
             found = meta.extra.get(key, "aware")
+        elif key == "chat_template_kwargs":
+            found = meta.extra.get(key)
         elif key == "extra":
-            found = {k: v for k, v in meta.extra.items() if k != "label_mode"}
+            found = {k: v for k, v in meta.extra.items() if k not in ("label_mode", "chat_template_kwargs")}
         else:
             found = getattr(meta, key)
         if found != value:
@@ -259,6 +279,7 @@ def label(
     attn_implementation: str = "sdpa",
     batch_size: int = 1,
     responses: str | None = None,
+    enable_thinking: bool = False,
     accelerator: str = "auto",
     devices: int | str = 1,
     num_nodes: int = 1,
@@ -282,13 +303,17 @@ def label(
             prompts of a few thousand tokens.
         shard_size: samples per shard; an interrupted run redoes at most this many per rank.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: ``sdpa`` (default), ``eager``, ``flash_attention_2``...
+        attn_implementation: ``sdpa`` (default) or ``eager`` (``flex_attention`` is refused).
         batch_size: prompts decoded together; batches hold prompts of similar length (sorted by text length,
             the longest first) and the share of padding is printed. The labels equal batch 1's (see
             docs/performance.md for the speed-up); 1 keeps the prompts in their source order.
         responses: a JSONL file of responses generated elsewhere (``{"id", "response"|"response_ids"}`` per
             line, e.g. by vLLM or TGI; see :mod:`lkv.labels.responses`): no generation, only the teacher-forced
             ground truth. Every prompt needs a response; the meta records the file and its SHA-256.
+        enable_thinking: passed to the chat template. Off by default: Qwen3's template then renders an empty
+            ``<think></think>`` block, so the R response tokens are the answer rather than reasoning text
+            (templates without the variable ignore it). Recorded in ``meta.json``
+            (``extra.chat_template_kwargs``); a rerun must use the same value.
         accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
         progress: show a progress bar.
         label_mode: ``aware`` (the paper): the module sees the whole prompt and the target is the response's
@@ -330,6 +355,7 @@ def label(
         store_scores=store_scores,
         label_mode=label_mode,
         extra=responses_meta(engine),
+        chat_template_kwargs=template_kwargs(enable_thinking),
     )
     all_prompts = list(prompts)
     if not all_prompts:
@@ -362,6 +388,7 @@ def label(
             store_scores,
             engine,
             label_mode,
+            enable_thinking,
         )
         writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
         trainer = L.Trainer(

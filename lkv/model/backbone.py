@@ -22,7 +22,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from lkv.core.attention import install_capture
+from lkv.core.attention import check_attn_implementation, install_capture
 from lkv.model import assets
 from lkv.model.gguf import load_gguf
 
@@ -42,16 +42,19 @@ def load_backbone(
     model: str = DEFAULT_MODEL,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
-    device: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a frozen causal LM and its tokenizer.
+    """Load a frozen causal LM and its tokenizer, its weights read straight onto ``device``.
 
     Args:
         model: a short name (``smollm2-135m``), a local HF folder, a local ``.gguf`` file, or a hub id.
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``auto`` (the checkpoint's own dtype).
-        attn_implementation: the base attention (``sdpa``, ``eager``, ``flash_attention_2``, ...) that
-            lkv's capturing wrapper calls.
-        device: where to put the model (``cpu``, ``cuda``, ``cuda:1``, ...); None leaves it on the CPU.
+        attn_implementation: the base attention that lkv's capturing wrapper calls: ``sdpa`` or ``eager``
+            (``flash_attention_2`` untested; ``flex_attention`` refused, see
+            :func:`lkv.attention.check_attn_implementation`).
+        device: where the weights are loaded (``cpu``, ``cuda:1``, ``meta``, ...), passed to transformers as
+            ``device_map``: each tensor goes from the checkpoint to that device, so 8 ranks loading an 8B
+            model never hold 8 × 15 GiB in host memory. None loads on the CPU.
 
     Returns:
         ``(model, tokenizer)``: model in eval mode with ``requires_grad=False`` everywhere and score
@@ -59,16 +62,17 @@ def load_backbone(
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    check_attn_implementation(attn_implementation)  # before minutes of loading
     torch_dtype = DTYPES[dtype]
     path = Path(model).expanduser()
     if model in SHORT_NAMES:
-        net, tokenizer = _load_pretrained(SHORT_NAMES[model](), torch_dtype, attn_implementation)
+        net, tokenizer = _load_pretrained(SHORT_NAMES[model](), torch_dtype, attn_implementation, device)
     elif path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"model {model!r}: no such GGUF file")
-        net, tokenizer = load_gguf(path, torch_dtype, attn_implementation)
+        net, tokenizer = load_gguf(path, torch_dtype, attn_implementation, device)
     elif path.is_dir():
-        net, tokenizer = _load_pretrained(path, torch_dtype, attn_implementation)
+        net, tokenizer = _load_pretrained(path, torch_dtype, attn_implementation, device)
     elif model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise FileNotFoundError(
             f"model {model!r}: no such folder (expected a short name ({', '.join(SHORT_NAMES)}), an existing "
@@ -76,14 +80,12 @@ def load_backbone(
         )
     else:
         try:
-            net, tokenizer = _load_pretrained(model, torch_dtype, attn_implementation)
+            net, tokenizer = _load_pretrained(model, torch_dtype, attn_implementation, device)
         except OSError as error:
             raise OSError(
                 f"could not load model {model!r}: it is not a short name ({', '.join(SHORT_NAMES)}), a local "
                 f"folder or a .gguf file, so it was tried as a Hugging Face hub id, which failed: {error}"
             ) from error
-    if device is not None:
-        net.to(device)
     net.eval().requires_grad_(False)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -92,9 +94,11 @@ def load_backbone(
 
 
 def _load_pretrained(
-    source: str | Path, dtype: torch.dtype | str, attn_implementation: str
+    source: str | Path, dtype: torch.dtype | str, attn_implementation: str, device: str | torch.device | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    net = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
+    net = AutoModelForCausalLM.from_pretrained(
+        source, dtype=dtype, attn_implementation=attn_implementation, device_map=device
+    )
     return net, AutoTokenizer.from_pretrained(source)
 
 

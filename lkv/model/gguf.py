@@ -15,7 +15,10 @@ from transformers import (
 
 
 def load_gguf(
-    path: Path, dtype: torch.dtype | str = torch.float32, attn_implementation: str = "sdpa"
+    path: Path,
+    dtype: torch.dtype | str = torch.float32,
+    attn_implementation: str = "sdpa",
+    device: str | torch.device | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A dense model and its tokenizer from a ``.gguf`` file, with no quantization state left.
 
@@ -30,6 +33,7 @@ def load_gguf(
         dtype=dtype,
         attn_implementation=attn_implementation,
         quantization_config=GgufConfig(dequantize=True),
+        device_map=device,
     )
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return net, tokenizer

@@ -47,7 +47,8 @@ class LookaheadConfig:
         hidden_size: width of each embedding (the base model's hidden size).
         lora_rank, lora_alpha, lora_dropout: LoRA settings (ignored when ``target_modules`` is ``"none"``).
         target_modules: ``"all-linear"`` (q,k,v,o,gate,up,down; never lm_head), a list of module names,
-            or ``"none"`` for an embeddings-only module.
+            or ``"none"`` for an embeddings-only module. The last layer keeps only q and k of them
+            (:func:`unreachable_linears`).
         init, seed: how the embeddings were initialised.
         base_model: the base model's signature (:meth:`lkv.model.backbone.ModelSignature.to_dict`), if known.
     """
@@ -87,22 +88,45 @@ def _uses_lora(target_modules: list[str] | str) -> bool:
 
 
 def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: int) -> torch.Tensor:
-    """Initial lookahead embeddings ``(M, hidden)`` float32 from the model's input embedding table.
+    """Initial lookahead embeddings ``(M, hidden)`` float32, on the device of the model's input embedding table.
 
     ``vocab_mean``: every row is the mean token embedding (rows still differ through their positions);
     ``random_tokens``: embeddings of ``M`` seeded random vocabulary tokens;
     ``normal``: N(0, σ²) with σ the table's standard deviation.
+
+    The random draws always come from a seeded CPU generator (one stream, whatever the device) and are then
+    moved to the table's device: Lightning calls ``configure_model`` under a default-device context
+    (``cuda:k``, or ``meta`` for deferred initialisation), where a factory call with a CPU generator would
+    fail or land elsewhere. Nothing is read back to the host, so a ``meta`` table gives ``meta`` embeddings.
     """
     table = model.get_input_embeddings().weight.detach().float()
     gen = torch.Generator().manual_seed(seed)
     if init == "vocab_mean":
-        return table.mean(dim=0, keepdim=True).expand(num_tokens, -1).clone().cpu()
+        return table.mean(dim=0, keepdim=True).expand(num_tokens, -1).clone()
     if init == "random_tokens":
-        rows = torch.randint(0, table.shape[0], (num_tokens,), generator=gen)
-        return table[rows.to(table.device)].clone().cpu()
+        rows = torch.randint(0, table.shape[0], (num_tokens,), generator=gen, device="cpu")
+        return table[rows.to(table.device)].clone()
     if init == "normal":
-        return torch.randn(num_tokens, table.shape[1], generator=gen) * table.std().item()
+        draw = torch.randn(num_tokens, table.shape[1], generator=gen, device="cpu")
+        return draw.to(table.device) * table.std()
     raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
+
+
+def unreachable_linears(model: PreTrainedModel) -> list[str]:
+    """Names of the linear layers whose LoRA could never change the predicted scores: in the last decoder layer,
+    everything but the query and key projections.
+
+    The lookahead step reads the last layer's attention *rows*, which depend on its queries and keys only;
+    its values, output projection and MLP feed nothing after them (no LM head runs). Their LoRA weights would
+    never get a gradient, and DDP would have to search the graph for unused parameters every step.
+    """
+    last = model.get_decoder().layers[-1]
+    prefix = next(name for name, module in model.named_modules() if module is last)
+    return [
+        f"{prefix}.{name}"
+        for name, module in last.named_modules()
+        if isinstance(module, nn.Linear) and not name.endswith(("q_proj", "k_proj"))
+    ]
 
 
 def _adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -159,7 +183,8 @@ class LookaheadAdapter(nn.Module):
     ) -> LookaheadAdapter:
         """A fresh, trainable lookahead module on ``model`` (frozen; prepared with ``install_capture``).
 
-        The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0).
+        The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0). Targets that
+        cannot reach the loss (:func:`unreachable_linears`: the last layer's v, o and MLP) get no LoRA.
         """
         if num_tokens <= 0:
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
@@ -186,6 +211,7 @@ class LookaheadAdapter(nn.Module):
                 lora_alpha=lora_alpha,
                 lora_dropout=lora_dropout,
                 target_modules=target_modules,
+                exclude_modules=unreachable_linears(model),
                 bias="none",
             )
             model = get_peft_model(model, lora)

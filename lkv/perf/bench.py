@@ -27,6 +27,9 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
     peak memory and seconds of prefill + eviction (:meth:`~lkv.eviction.compressor.Compressor.compress`) with the
     ``stream_method`` (default LookaheadKV, a randomly initialised module), ``two-phase`` vs layer-``streamed``
     (:mod:`lkv.eviction.streamed`), beside the K/V formula :func:`lkv.eviction.streamed.peak_kv_bytes`.
+``train-memory`` (only when named; ``--model random:<architecture>``)
+    peak memory of the two-phase step at real shapes without its arithmetic (:mod:`lkv.perf.shape_memory`):
+    measured at 1 and 2 decoder layers, projected to the full depth, plus weights and optimiser per GPU.
 
 Peak memory (``train-step``, ``label``, ``prefill-memory``) follows :mod:`lkv.perf.memory`: CUDA allocator statistics on a GPU,
 one fresh subprocess per measurement on the CPU. Prompts are seeded random token ids; generations never
@@ -66,6 +69,9 @@ DEFAULT_LENGTHS: dict[str, tuple[int, ...]] = {
     "prefill-memory": (4096, 8192),
 }
 BENCHMARKS = tuple(DEFAULT_LENGTHS)
+# run only when named (not by --which all): needs --model random:<architecture>
+TRAIN_MEMORY = "train-memory"
+TRAIN_MEMORY_LENGTHS = (4096, 8192, 16384)
 # the variant every other one is compared with
 REFERENCE = {
     "train-step": "naive",
@@ -132,8 +138,16 @@ class BenchSettings:
 class Workbench:
     """The models and inputs the cases of one process share, each built on first use."""
 
-    def __init__(self, settings: BenchSettings) -> None:
+    def __init__(
+        self, settings: BenchSettings, model: PreTrainedModel | None = None, share_model: bool = False
+    ) -> None:
+        """``model``: use it instead of loading ``settings.model`` (e.g. a depth-cut architecture);
+        ``share_model``: inject the lookahead module into the model itself, not a copy (when only the
+        training step runs: a copy of an 8B-wide model costs gigabytes)."""
         self.settings = settings
+        self.share_model = share_model
+        if model is not None:
+            self.__dict__["model"] = model
 
     @cached_property
     def model(self) -> PreTrainedModel:
@@ -146,7 +160,7 @@ class Workbench:
 
     @cached_property
     def lookahead(self):
-        """A randomly initialised lookahead module on a *copy* of the model.
+        """A randomly initialised lookahead module on a *copy* of the model (unless ``share_model``).
 
         The LoRA is injected in place, so the plain prefill and the other methods keep running the
         unwrapped model, while LookaheadKV pays for peft's (disabled) wrappers in its own prefill.
@@ -155,7 +169,10 @@ class Workbench:
 
         s = self.settings
         return LookaheadAdapter.create(
-            copy.deepcopy(self.model), num_tokens=s.num_lookahead, lora_rank=s.lora_rank, seed=s.seed
+            self.model if self.share_model else copy.deepcopy(self.model),
+            num_tokens=s.num_lookahead,
+            lora_rank=s.lora_rank,
+            seed=s.seed,
         )
 
     @cached_property
@@ -694,10 +711,11 @@ def run_benchmarks(
     memory: bool = True,
 ) -> dict[str, Any]:
     """Run the ``selected`` sub-benchmarks (see :func:`lkv.commands.bench.bench`), print their tables, return all results."""
-    unknown = [name for name in selected if name not in BENCHMARKS]
+    unknown = [name for name in selected if name not in (*BENCHMARKS, TRAIN_MEMORY)]
     if unknown:
         raise ValueError(
-            f"--which: unknown sub-benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)} or all"
+            f"--which: unknown sub-benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}, "
+            f"{TRAIN_MEMORY} or all"
         )
     if isinstance(lengths, dict):
         extra = sorted(set(lengths) - set(selected))
@@ -707,12 +725,23 @@ def run_benchmarks(
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
     workbench = Workbench(settings)
-    results: dict[str, Any] = {"environment": environment(threads, workbench.device), "benchmarks": {}}
+    # the settings' device, not the model's: asking the model would load it (train-memory never does)
+    device = torch.device(settings.device or "cpu")
+    results: dict[str, Any] = {"environment": environment(threads, device), "benchmarks": {}}
     for name in selected:
-        if isinstance(lengths, dict):
-            sizes = lengths.get(name, DEFAULT_LENGTHS[name])
-        else:
-            sizes = lengths or DEFAULT_LENGTHS[name]
+        defaults = TRAIN_MEMORY_LENGTHS if name == TRAIN_MEMORY else DEFAULT_LENGTHS[name]
+        sizes = lengths.get(name, defaults) if isinstance(lengths, dict) else lengths or defaults
+        if name == TRAIN_MEMORY:
+            from lkv.perf import shape_memory
+
+            def on_model(model: PreTrainedModel) -> Workbench:
+                return Workbench(settings, model=model, share_model=True)
+
+            result = {"settings": asdict(settings), **shape_memory.measure(settings, sorted(sizes), on_model)}
+            results["benchmarks"][name] = result
+            print(f"\n## {name} ({settings.model}, {settings.dtype}, fake tensors)\n")
+            print(shape_memory.markdown(result), flush=True)
+            continue
         measured = {
             str(n): _measure_length(workbench, name, n, repeats, warmup, memory, threads)
             for n in sorted(sizes)

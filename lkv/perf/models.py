@@ -151,9 +151,21 @@ def random_model(
     No end-of-sequence token is declared: benchmark generations always run their full length.
 
     Args:
-        num_layers: keep only the first ``num_layers`` decoder layers (every layer has the published shapes;
-            per-layer costs then fit a small machine); default: the published count.
+        num_layers: decoder layers (every width, head count and the vocabulary unchanged; fewer than published
+            make per-layer costs fit a small machine); default: the published count.
     """
+    config = architecture_config(architecture, num_layers)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    model.eval().requires_grad_(False)
+    install_capture(model)
+    return model
+
+
+def architecture_config(architecture: str, num_layers: int | None = None) -> PretrainedConfig:
+    """The config of a named architecture (:data:`ARCHITECTURES`), optionally with ``num_layers`` decoder layers
+    of its shape (fewer to fit a small machine; more to stack many cheap tiny layers in tests)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {architecture!r}; choose one of {', '.join(ARCHITECTURES)}")
     config_class, fields = ARCHITECTURES[architecture]
@@ -161,13 +173,7 @@ def random_model(
         if num_layers < 1:
             raise ValueError(f"num_layers must be ≥ 1, got {num_layers}")
         fields = {**fields, "num_hidden_layers": num_layers}
-    config = config_class(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
-    model.eval().requires_grad_(False)
-    install_capture(model)
-    return model
+    return config_class(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def load_model(

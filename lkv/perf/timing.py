@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from lkv.core.clock import clock
 
 
 def _nothing() -> None:
@@ -28,13 +29,6 @@ class Case:
     run: Callable[[], dict[str, float] | None]
     reset: Callable[[], None] = _nothing
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def clock(device: torch.device) -> float:
-    """``perf_counter`` in seconds once ``device`` has finished its queued work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 @dataclass

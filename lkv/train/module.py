@@ -45,7 +45,7 @@ class LookaheadKVModule(L.LightningModule):
     Args:
         model: base LLM: embedded short name (``smollm2-135m``), local folder, ``.gguf`` file or hub id.
         dtype: weights dtype of the frozen LLM (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: attention of the frozen LLM (``sdpa``, ``eager``, ``flash_attention_2``).
+        attn_implementation: attention of the frozen LLM: ``sdpa`` or ``eager`` (``flex_attention`` is refused).
         num_lookahead: ``M``, lookahead embeddings (paper: 32).
         lookahead_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (see :func:`lkv.model.lookahead.init_embeddings`).
         lora_rank, lora_alpha, lora_dropout: LoRA settings (paper: 8, 32, 0).
