@@ -23,7 +23,7 @@ INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryErr
 # verb -> ("module:function", one-line help)
 VERBS: dict[str, tuple[str, str]] = {
     "assets": ("lkv.commands.assets:assets", "fetch and convert the embedded default model and essays"),
-    "label": ("lkv.labels.predict:label", "generate responses and ground-truth importance label shards"),
+    "label": ("lkv.commands.label:label", "generate responses and ground-truth importance label shards"),
     "export": (
         "lkv.commands.export:export",
         "write a trained lookahead module as a standalone adapter folder",

@@ -12,8 +12,8 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 import lkv.commands.demo
 import lkv.commands.eval
 import lkv.commands.export
+import lkv.commands.label
 import lkv.eval.runner
-import lkv.labels.predict
 import lkv.model.assets
 import lkv.train.cli
 import lkv.train.module
@@ -129,7 +129,7 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
         return "evaluated"
 
     monkeypatch.setattr(lkv.model.assets, "fetch_all", lambda: calls.append("assets"))
-    monkeypatch.setattr(lkv.labels.predict, "label", fake_label)
+    monkeypatch.setattr(lkv.commands.label, "label", fake_label)
     monkeypatch.setattr(lkv.train.cli, "lightning_main", fake_fit)
     monkeypatch.setattr(lkv.commands.export, "export", fake_export)
     monkeypatch.setattr(lkv.commands.eval, "evaluate", fake_evaluate)

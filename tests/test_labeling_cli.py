@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lkv.cli import main
+from lkv.commands.label import label
 from lkv.core.generation import eos_ids
 from lkv.labels.labeller import label_prompt
-from lkv.labels.predict import label
 from lkv.labels.prompts import JsonlPrompts, render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores
 from lkv.model.backbone import load_backbone

@@ -194,9 +194,9 @@ def demo(
     """
     from lkv.commands.eval import evaluate
     from lkv.commands.export import export
+    from lkv.commands.label import label
     from lkv.eval.report import write_report
     from lkv.eval.runner import RESULTS_FILE, RUN_FILE, ResultsFile
-    from lkv.labels.predict import label
     from lkv.model import assets
     from lkv.train.cli import lightning_main
 

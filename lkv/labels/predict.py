@@ -1,4 +1,4 @@
-"""`lkv label`: the labeller as a Lightning predict loop, so any Lightning strategy scales it out.
+"""The labeller as a Lightning predict loop (what `lkv label`, :mod:`lkv.commands.label`, runs), so any Lightning strategy scales it out.
 
 Each rank labels a disjoint part of the prompts (Lightning's unrepeated distributed sampler for
 prediction: every prompt exactly once, no padding duplicates) and writes its own shard sequence. Prompts
@@ -14,21 +14,19 @@ fraction of the stacked caches is printed at the end. With ``responses`` the res
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
-from torch.utils.data import DataLoader
 
 from lkv.core.generation import eos_ids
-from lkv.labels.batched import label_batch, label_response, length_batches
-from lkv.labels.labeller import LABEL_MODES, Label, label_prompt, make_meta, split_prompt
-from lkv.labels.prompts import Prompt, PromptSource, render_prompt
+from lkv.labels.batched import label_batch, label_response
+from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
+from lkv.labels.prompts import Prompt, render_prompt
 from lkv.labels.responses import ResponsesFile
-from lkv.labels.shards import META_FILE, ShardWriter, finished_ids, read_meta, shard_files
-from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
+from lkv.labels.shards import ShardWriter
+from lkv.model.backbone import DEFAULT_MODEL, load_backbone, model_signature
 
 log = logging.getLogger(__name__)
 
@@ -215,208 +213,6 @@ def responses_meta(responses: ResponsesFile | None) -> dict[str, Any]:
     return {} if responses is None else {"responses": responses.source}
 
 
-def _single(items: list[list[Prompt]]) -> list[Prompt]:
-    """Collate of a loader whose every item is already a batch of prompts."""
-    (batch,) = items
-    return batch
-
-
-def _prompt_chars(prompt: Prompt) -> int:
-    """Length of a prompt's text: the sort key of length-bucketed batches (no tokenizer needed)."""
-    return sum(len(m["content"]) for m in prompt.messages)
-
-
 def template_kwargs(enable_thinking: bool) -> dict[str, Any]:
     """Chat-template variables of a label run (recorded in ``meta.json`` as ``extra.chat_template_kwargs``)."""
     return {"enable_thinking": enable_thinking}
-
-
-def _check_resumable(output: Path, **settings: Any) -> None:
-    """Fail before loading any model when ``output`` holds a run with other settings."""
-    if not (output / META_FILE).exists():
-        return
-    meta = read_meta(output)
-    for key, value in settings.items():
-        if key == "label_mode":  # folders from before label modes existed are question-aware
-            found = meta.extra.get(key, "aware")
-        elif key == "chat_template_kwargs":
-            found = meta.extra.get(key)
-        elif key == "extra":
-            found = {k: v for k, v in meta.extra.items() if k not in ("label_mode", "chat_template_kwargs")}
-        else:
-            found = getattr(meta, key)
-        if found != value:
-            raise ValueError(
-                f"{output} already holds labels with {key}={found!r}, this run asks for {value!r}; "
-                "use another --output or delete it"
-            )
-
-
-def _check_labelled_by(folder: Path, model: str, dtype: str, attn_implementation: str) -> None:
-    """Fail unless ``folder``'s labels were made by ``model`` (loaded only when named differently)."""
-    expected = read_meta(folder).model
-    if expected.get("name") == model:
-        return
-    backbone, tokenizer = load_backbone(model, dtype=dtype, attn_implementation=attn_implementation)
-    check_compatible(
-        ModelSignature.from_dict(expected),
-        model_signature(backbone, tokenizer, model),
-        f"label folder {folder}",
-    )
-
-
-def label(
-    output: str,
-    prompts: PromptSource,
-    model: str = DEFAULT_MODEL,
-    response_tokens: int = 64,
-    max_prompt_tokens: int = 2048,
-    truncation: Literal["middle", "left", "skip", "error"] = "middle",
-    store_scores: bool = True,
-    score_dtype: Literal["float16", "float32"] | None = None,
-    shard_size: int = 32,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    batch_size: int = 1,
-    responses: str | None = None,
-    enable_thinking: bool = False,
-    accelerator: str = "auto",
-    devices: int | str = 1,
-    num_nodes: int = 1,
-    strategy: str = "auto",
-    progress: bool = True,
-    label_mode: Literal["aware", "agnostic"] = "aware",
-) -> str:
-    """Generate each prompt's greedy response and its ground-truth importance, as parquet label shards.
-
-    Args:
-        output: label folder (created; a rerun resumes it and skips finished prompts).
-        prompts: prompt source, e.g. ``{class_path: BuiltinPrompts, init_args: {split: train, num_prompts: 96}}``.
-        model: embedded short name (``smollm2-135m``), local folder, ``.gguf`` file or hub id.
-        response_tokens: R, the longest response generated per prompt (paper: 512).
-        max_prompt_tokens: prompts longer than this follow ``truncation``.
-        truncation: ``middle`` (LongBench-style: keep both ends), ``left`` (keep the end), ``skip``, ``error``.
-        store_scores: False stores responses only; training then computes the ground truth online.
-        score_dtype: on-disk dtype of the scores; None: ``float32`` for a new folder, the folder's own when
-            resuming one. ``float16`` halves the size but loses the ranking of long prompts' small scores
-            (below its smallest normal 6.1e-5 ≈ 1/16384; table in docs/scale_out.md): use it only for
-            prompts of a few thousand tokens.
-        shard_size: samples per shard; an interrupted run redoes at most this many per rank.
-        dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
-        attn_implementation: ``sdpa`` (default) or ``eager`` (``flex_attention`` is refused).
-        batch_size: prompts decoded together; batches hold prompts of similar length (sorted by text length,
-            the longest first) and the share of padding is printed. The labels equal batch 1's (see
-            docs/performance.md for the speed-up); 1 keeps the prompts in their source order.
-        responses: a JSONL file of responses generated elsewhere (``{"id", "response"|"response_ids"}`` per
-            line, e.g. by vLLM or TGI; see :mod:`lkv.labels.responses`): no generation, only the teacher-forced
-            ground truth. Every prompt needs a response; the meta records the file and its SHA-256.
-        enable_thinking: passed to the chat template. Off by default: Qwen3's template then renders an empty
-            ``<think></think>`` block, so the R response tokens are the answer rather than reasoning text
-            (templates without the variable ignore it). Recorded in ``meta.json``
-            (``extra.chat_template_kwargs``); a rerun must use the same value.
-        accelerator, devices, num_nodes, strategy: Lightning Trainer settings (e.g. 8 GPUs: devices=8, strategy=ddp).
-        progress: show a progress bar.
-        label_mode: ``aware`` (the paper): the module sees the whole prompt and the target is the response's
-            attention. ``agnostic``: the module sees only the context (the prompt without its trailing
-            question) and the target is the attention that the question *and* the response pay to the context
-            — a module for question-agnostic compression. Needs prompts that name their question
-            (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) and stored scores;
-            prompts are labelled one at a time and responses are generated here.
-    """
-    if label_mode not in LABEL_MODES:
-        raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
-    if label_mode == "agnostic" and not store_scores:
-        raise ValueError(
-            "--label_mode agnostic needs --store_scores true: online targets are computed from the stored "
-            "prompt and response alone, and the question would be missing"
-        )
-    if label_mode == "agnostic" and responses is not None:
-        raise ValueError(
-            "--label_mode agnostic generates its responses here; --responses is for aware labels"
-        )
-    for name, value in (
-        ("response_tokens", response_tokens),
-        ("max_prompt_tokens", max_prompt_tokens),
-        ("shard_size", shard_size),
-        ("batch_size", batch_size),
-    ):
-        if value <= 0:
-            raise ValueError(f"--{name}: expected a positive number, found {value}")
-    folder = Path(output)
-    if score_dtype is None:
-        score_dtype = read_meta(folder).score_dtype if (folder / META_FILE).exists() else "float32"
-    engine = None if responses is None else ResponsesFile(responses)
-    _check_resumable(
-        folder,
-        response_tokens=response_tokens,
-        max_prompt_tokens=max_prompt_tokens,
-        truncation=truncation,
-        score_dtype=score_dtype,
-        store_scores=store_scores,
-        label_mode=label_mode,
-        extra=responses_meta(engine),
-        chat_template_kwargs=template_kwargs(enable_thinking),
-    )
-    all_prompts = list(prompts)
-    if not all_prompts:
-        raise ValueError(
-            f"prompts: expected at least one prompt, the source yielded none ({prompts.describe()})"
-        )
-    ids = [p.id for p in all_prompts]
-    if len(set(ids)) != len(ids):
-        duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
-        raise ValueError(f"prompts: expected unique prompt ids, found duplicates {duplicates[:5]}")
-    done = finished_ids(folder) if folder.exists() else set()
-    todo = [p for p in all_prompts if p.id not in done]
-    if engine is not None:
-        engine.check_covers(p.id for p in todo)
-        engine.keep_only(p.id for p in todo)
-    if done and not todo:
-        # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
-        _check_labelled_by(folder, model, dtype, attn_implementation)
-    print(
-        f"lkv label: {len(all_prompts)} prompts, {len(done)} already labelled, {len(todo)} to go → {folder}"
-    )
-    if todo:
-        module = LabelingModule(
-            model,
-            dtype,
-            attn_implementation,
-            response_tokens,
-            max_prompt_tokens,
-            truncation,
-            store_scores,
-            engine,
-            label_mode,
-            enable_thinking,
-        )
-        writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
-        trainer = L.Trainer(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            strategy=strategy,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=progress,
-            callbacks=[writer],
-            inference_mode=True,
-        )
-        batches = [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
-        loader = DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_single)
-        trainer.predict(module, loader, return_predictions=False)
-        # Every rank's last shard is flushed before any rank counts the folder.
-        trainer.strategy.barrier("lkv-label-flushed")
-        if writer.skipped:
-            reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
-            print(
-                f"lkv label: skipped {writer.skipped} prompts ({reason}; max_prompt_tokens={max_prompt_tokens})"
-            )
-        if batch_size > 1 and module.cache_tokens:
-            rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
-            print(
-                f"lkv label{rank}: batches of {batch_size}, padding {1 - module.prompt_tokens / module.cache_tokens:.1%} "
-                f"of the stacked prompt caches ({module.cache_tokens - module.prompt_tokens} of "
-                f"{module.cache_tokens} token columns)"
-            )
-    return f"{len(finished_ids(folder))} labelled prompts in {len(shard_files(folder))} shards at {folder}"
