@@ -21,6 +21,11 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from lkv.core.generation import eos_ids
+from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.shards import ShardWriter
+from lkv.model.backbone import model_signature
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -189,3 +194,32 @@ def tiny_corpus(tmp_path: Path) -> tuple[Path, Path]:
         (stdlib / relative).parent.mkdir(parents=True, exist_ok=True)
         (stdlib / relative).write_text(text)
     return essays, stdlib
+
+
+def make_label_folder(
+    model,
+    tokenizer,
+    folder: Path,
+    num: int = 4,
+    store_scores: bool = True,
+    seed: int = 0,
+    shard_size: int = 3,
+) -> Path:
+    """Label ``num`` random prompts of 20..(20+3·num) tokens with 5-token responses."""
+    meta = make_meta(
+        model_signature(model, tokenizer, "tiny").to_dict(),
+        response_tokens=5,
+        max_prompt_tokens=256,
+        truncation="error",
+        score_dtype="float32",
+        store_scores=store_scores,
+        prompt_source="test",
+    )
+    writer = ShardWriter(folder, meta, shard_size=shard_size)
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(num):
+        ids = torch.randint(0, model.config.vocab_size, (20 + 3 * i,), generator=gen).tolist()
+        label = label_prompt(model, ids, 5, eos_ids(model, tokenizer), store_scores)
+        writer.add(id=f"s{seed}-{i}", prompt_ids=ids, response_ids=label.response_ids, scores=label.scores)
+    writer.flush()
+    return folder

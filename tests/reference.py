@@ -1,6 +1,16 @@
-"""Slow, independent references the fast paths are tested against."""
+"""Slow, independent references the fast paths are tested against.
+
+``evicted_reference_logits`` runs the whole sequence (prompt + later tokens) through a copy of the model
+whose attention is computed here by hand: causal, and for every query after the prompt the prompt keys a
+(layer, KV head) evicted are masked out. A compressed cache decoded with the right positions must give the
+same logits, which pins down both the gathered entries and the position ids.
+"""
+
+import copy
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 
 def eager_attentions(model, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -25,3 +35,61 @@ def eager_reference(model, ids: torch.Tensor, num_keys: int, first_query: int) -
         mass = block.mean(dim=(2, 3))
         rows.append(mass / mass.sum(-1, keepdim=True))
     return torch.stack(rows, dim=1)[0]
+
+
+EVICTED_ATTENTION = "lkv_test_evicted"
+KEEP_KWARG = "lkv_test_keep"
+
+
+def _evicted_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """fp32 attention; queries after the prompt do not see the prompt keys that ``keep`` evicts per head."""
+    keep = kwargs.get(KEEP_KWARG)
+    heads, kv_heads = query.shape[1], key.shape[1]
+    group = heads // kv_heads
+    q_len, k_len = query.shape[2], key.shape[2]
+    keys = key.float().repeat_interleave(group, dim=1)
+    values = value.float().repeat_interleave(group, dim=1)
+    logits = query.float() @ keys.transpose(-1, -2) * scaling
+    rows = torch.arange(q_len) + (k_len - q_len)  # absolute position of each query (no padding)
+    allowed = (torch.arange(k_len)[None, :] <= rows[:, None]).expand(heads, q_len, k_len).clone()
+    if keep is not None:
+        prompt_len = keep.shape[-1]
+        evicted = ~keep[module.layer_idx].repeat_interleave(group, dim=0)  # (heads, S)
+        after_prompt = rows >= prompt_len
+        allowed[:, :, :prompt_len] &= ~(evicted[:, None, :] & after_prompt[None, :, None])
+    probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    return (probs @ values).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(EVICTED_ATTENTION, _evicted_attention)
+AttentionMaskInterface.register(EVICTED_ATTENTION, sdpa_mask)
+
+
+def keep_mask(kept: list[torch.Tensor], prompt_len: int) -> torch.Tensor:
+    """``(layers, kv_heads, S)`` bool from per-layer ``(1, kv_heads, C_l)`` kept positions."""
+    masks = []
+    for index in kept:
+        mask = torch.zeros(index.shape[1], prompt_len, dtype=torch.bool)
+        mask.scatter_(1, index[0].cpu(), True)
+        masks.append(mask)
+    return torch.stack(masks)
+
+
+@torch.no_grad()
+def evicted_reference_logits(model, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Logits ``(N, vocab)`` of ``ids (1, N)`` with the full cache, evicted prompt keys masked per head."""
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation(EVICTED_ATTENTION)
+    return reference(input_ids=ids, **{KEEP_KWARG: keep}).logits[0].float()
+
+
+@torch.no_grad()
+def greedy_steps(model, cache, next_logits: torch.Tensor, position: int, steps: int):
+    """Greedy tokens and the logits before each: ``(tokens (steps,), logits (steps + 1, vocab))``."""
+    logits, tokens = [next_logits[0]], []
+    for step in range(steps):
+        token = logits[-1].argmax()
+        tokens.append(int(token))
+        out = model(input_ids=token.view(1, 1), position_ids=torch.tensor([[position + step]]), cache=cache)
+        logits.append(out.logits[0, -1].float())
+    return torch.tensor(tokens), torch.stack(logits)

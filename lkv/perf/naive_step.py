@@ -5,7 +5,7 @@ and zeroed outside the lookahead tokens by a per-token mask (the "selective LoRA
 hooks on peft's ``lora_B`` modules multiply their output by a ``(batch, seq, 1)`` mask. The prompt's
 activations are then kept for backward and its positions run through the LoRA branch, although neither can
 change the loss — exactly the work the two-phase step of :mod:`lkv.train.module` avoids. Both compute the same
-loss and gradients (tests/test_bench.py checks it), so the comparison is like for like.
+loss and gradients (tests/perf/test_bench.py checks it), so the comparison is like for like.
 
 Two naive variants differ only in how the lookahead rows' attention is read:
 

@@ -18,7 +18,7 @@ from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
-from tests.test_datamodule import make_label_folder
+from tests.conftest import make_label_folder
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 

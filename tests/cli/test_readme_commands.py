@@ -11,7 +11,7 @@ import pytest
 
 from lkv.cli import main as lkv_main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 # `...` and ALL-CAPS words are placeholders the reader fills in; such lines are prose, not commands.
 PLACEHOLDER = re.compile(r"\.\.\.|…|(?<![\w/.-])[A-Z]+(?:\.\w+)?(?![\w/.-])")
 

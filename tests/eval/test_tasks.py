@@ -25,7 +25,7 @@ from lkv.eval.tasks.text import HeldoutEssays, split_sentences
 from lkv.labels.prompts import BuiltinPrompts, essay_documents, split_by_document, stdlib_documents
 from tests.conftest import ESSAYS
 
-FIXTURE = Path(__file__).parent / "fixtures" / "longbench"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "longbench"
 # With four essays, 0.5 holds out beta and gamma and trains on alpha and delta (a hash split).
 FRACTION = 0.5
 

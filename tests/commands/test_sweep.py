@@ -16,11 +16,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
 from lkv.commands.sweep import grid_points, point_config, point_name, set_key
-from tests.conftest import build_tiny_model
-from tests.test_datamodule import make_label_folder
-from tests.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
+from tests.conftest import build_tiny_model, make_label_folder
+from tests.eval.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -1,46 +1,13 @@
 """LabelDataModule: variable-length batches, streaming, seeded shuffling, responses-only mode, model checks."""
 
-from pathlib import Path
-
 import datasets
 import pytest
 import torch
 
-from lkv.core.generation import eos_ids
-from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.mix import LabelSource, MixedLabels, MixSampler, StreamedLabels, epoch_quotas
-from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
 from lkv.train.datamodule import LabelDataModule
-
-
-def make_label_folder(
-    model,
-    tokenizer,
-    folder: Path,
-    num: int = 4,
-    store_scores: bool = True,
-    seed: int = 0,
-    shard_size: int = 3,
-) -> Path:
-    """Label ``num`` random prompts of 20..(20+3·num) tokens with 5-token responses."""
-    meta = make_meta(
-        model_signature(model, tokenizer, "tiny").to_dict(),
-        response_tokens=5,
-        max_prompt_tokens=256,
-        truncation="error",
-        score_dtype="float32",
-        store_scores=store_scores,
-        prompt_source="test",
-    )
-    writer = ShardWriter(folder, meta, shard_size=shard_size)
-    gen = torch.Generator().manual_seed(seed)
-    for i in range(num):
-        ids = torch.randint(0, model.config.vocab_size, (20 + 3 * i,), generator=gen).tolist()
-        label = label_prompt(model, ids, 5, eos_ids(model, tokenizer), store_scores)
-        writer.add(id=f"s{seed}-{i}", prompt_ids=ids, response_ids=label.response_ids, scores=label.scores)
-    writer.flush()
-    return folder
+from tests.conftest import make_label_folder
 
 
 def ids_of(loader) -> list[str]:

@@ -14,7 +14,7 @@ import lkv.train.module
 from lkv.cli import main as cli_main
 from lkv.train.cli import lightning_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OTHER_VERBS = ("eval", "sweeps", "demo")
 
 

@@ -17,9 +17,8 @@ from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.registry import METHODS, make_method
 from lkv.model.lookahead import LookaheadAdapter
-from tests.reference import eager_reference
-from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
-from tests.test_selector import naive_select
+from tests.eviction.test_selector import naive_select
+from tests.reference import eager_reference, evicted_reference_logits, greedy_steps, keep_mask
 
 # Settings that fit a 48-token prompt and a 12-token budget.
 SETTINGS = {

@@ -9,7 +9,7 @@ from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model
-from tests.test_presses import PROMPT_LEN, SETTINGS, build_press, prompt
+from tests.eviction.test_presses import PROMPT_LEN, SETTINGS, build_press, prompt
 
 STREAMED = ["snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
@@ -109,7 +109,7 @@ def test_streamed_cache_never_holds_two_full_layers(tiny_llama):
 
 def test_eval_streamed_gives_the_same_rows(tiny_llama, tiny_corpus, tmp_path):
     from lkv.eval.runner import Evaluator
-    from tests.test_evaluate import needle
+    from tests.eval.test_runner import needle
 
     model, tokenizer = tiny_llama
     presses = {"snapkv": make_method("snapkv", window=4), "laq": make_method("laq", **SETTINGS["laq"])}

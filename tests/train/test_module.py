@@ -14,8 +14,7 @@ from lkv.core.metrics import importance_kl
 from lkv.train.callbacks import ImportanceImages
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
-from tests.conftest import build_tiny_model
-from tests.test_datamodule import make_label_folder
+from tests.conftest import build_tiny_model, make_label_folder
 
 TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
 

@@ -20,9 +20,8 @@ from datasets import Dataset
 
 from lkv.cli import main as lkv_main
 from lkv.labels.shards import features, load_labels
-from tests.conftest import build_tiny_model
-from tests.test_datamodule import make_label_folder
-from tests.test_distributed import fit_config, fit_settings, label_args, make_workspace
+from tests.cli.test_distributed import fit_config, fit_settings, label_args, make_workspace
+from tests.conftest import build_tiny_model, make_label_folder
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from tensorboard.util.tensor_util import make_ndarray
 
 from lkv.eval.report import write_report
 from lkv.eval.tensorboard import write_eval_runs
-from tests.test_module import fit, label_folders, tiny_backbone  # noqa: F401 (fixtures)
+from tests.train.test_module import fit, label_folders, tiny_backbone  # noqa: F401 (fixtures)
 
 
 def result_rows() -> list[dict[str, Any]]:

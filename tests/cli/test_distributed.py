@@ -26,11 +26,10 @@ from lkv.labels.labeller import label_prompt
 from lkv.labels.prompts import JsonlPrompts, render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores, shard_files
 from lkv.model.backbone import load_backbone
-from tests.conftest import build_tiny_model
-from tests.test_datamodule import make_label_folder
+from tests.conftest import build_tiny_model, make_label_folder
 
 pytestmark = pytest.mark.multiprocess
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
 RESPONSE_TOKENS = 5
 MAX_PROMPT_TOKENS = 256
@@ -173,7 +172,7 @@ def fit_settings(
                         "every_n_train_steps": 1,
                     },
                 },
-                {"class_path": "tests.test_distributed.RecordLosses", "init_args": {"folder": str(run)}},
+                {"class_path": "tests.cli.test_distributed.RecordLosses", "init_args": {"folder": str(run)}},
             ],
         },
         "model": {
@@ -277,7 +276,7 @@ def test_two_process_streamed_fit_with_uneven_rows_keeps_the_ranks_in_step(works
     settings["trainer"].update({"max_epochs": 2, "check_val_every_n_epoch": 1})
     settings["model"]["scheduler"] = "constant"  # (a stream without a length could not size a cosine)
     settings["trainer"]["callbacks"].append(
-        {"class_path": "tests.test_distributed.RecordValidation", "init_args": {"folder": str(run)}}
+        {"class_path": "tests.cli.test_distributed.RecordValidation", "init_args": {"folder": str(run)}}
     )
     settings["data"].update(
         {

@@ -14,7 +14,7 @@ from lkv.commands.generate import generate as generate_command
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor, append_tokens, encode_context, encode_question
 from lkv.eviction.registry import make_method
-from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
+from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
 
 
 def ids_of(model, length: int, seed: int = 0) -> torch.Tensor:
@@ -230,7 +230,7 @@ def test_one_scoring_serves_every_budget(tiny_llama, method):
 def test_embedded_model_finds_the_needle_with_full_cache():
     """SmolLM2-135M answers a ~2K-token needle-in-a-haystack prompt with FullKV (scripts/niah_smoke.py)."""
     spec = importlib.util.spec_from_file_location(
-        "niah_smoke", Path(__file__).parents[1] / "scripts" / "niah_smoke.py"
+        "niah_smoke", Path(__file__).parents[2] / "scripts" / "niah_smoke.py"
     )
     niah = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(niah)

@@ -9,7 +9,7 @@ from lkv.eviction.decoding import DecodeTimePress
 from lkv.eviction.presses import Press
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method, method_table
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
 
 def test_the_docs_table_is_generated_from_the_registry():

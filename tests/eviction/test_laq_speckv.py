@@ -22,8 +22,7 @@ from lkv.eviction.presses.laq import LAQPress, pooled_window_scores
 from lkv.eviction.presses.selector import select_indices
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.presses.speckv import SpecKVPress, truncated_draft
-from tests.reference import eager_reference
-from tests.test_compression import evicted_reference_logits, greedy_steps, keep_mask
+from tests.reference import eager_reference, evicted_reference_logits, greedy_steps, keep_mask
 
 PROMPT_LEN, WINDOW, TOKENS = 40, 4, 5
 

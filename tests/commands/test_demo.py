@@ -21,7 +21,7 @@ from lkv.cli import main as lkv_main
 from lkv.commands.demo import demo, eval_arguments, fit_config
 from lkv.eval.tasks import Benchmark, ImportanceTask
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
 DEMO_CONFIG = ROOT / "configs" / "demo" / "smollm2_135m.yaml"
 
