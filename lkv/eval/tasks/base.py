@@ -96,3 +96,42 @@ class Task(Benchmark):
         Args:
             reference: the FullKV answer to the same sample and setting (given when ``needs_reference``).
         """
+
+
+class GeneratedTask(Task):
+    """An end task generated from held-out text: the settings every such task shares, checked in one place.
+
+    Subclasses keep their own typed signatures (what an eval config's ``init_args`` name, and what
+    ``lkv eval --help`` lists) and hand the shared settings here.
+
+    Args:
+        lengths: prompt lengths in tokens.
+        seed: base seed of the samples' draws.
+        heldout_fraction: the train/held-out split of the training prompts (samples come from held-out text).
+        max_new_tokens: longest answer.
+        depths: positions of the planted fact in ``[0, 1]``, for tasks that plant one.
+        counts: positive sample counts by setting name (``num_samples``, ``samples_per_cell``).
+    """
+
+    def __init__(
+        self,
+        lengths: tuple[int, ...],
+        seed: int,
+        heldout_fraction: float,
+        max_new_tokens: int | None = None,
+        depths: tuple[float, ...] | None = None,
+        **counts: int,
+    ) -> None:
+        if not lengths or any(n <= 0 for n in lengths):
+            raise ValueError(f"lengths must be positive token counts, got {tuple(lengths)}")
+        if depths is not None and (not depths or any(not 0.0 <= d <= 1.0 for d in depths)):
+            raise ValueError(f"depths must lie in [0, 1], got {tuple(depths)}")
+        for name, value in counts.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+            setattr(self, name, value)
+        self.lengths = tuple(lengths)
+        self.depths = None if depths is None else tuple(depths)
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.heldout_fraction = heldout_fraction

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import edit_similarity, first_code_line
 from lkv.eval.tasks.text import heldout_code, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
@@ -40,7 +40,7 @@ def string_rows(text: str) -> set[int] | None:
     return rows
 
 
-class CodeCompletionTask(Task):
+class CodeCompletionTask(GeneratedTask):
     """Next-line completion over held-out standard-library modules.
 
     Args:
@@ -67,20 +67,12 @@ class CodeCompletionTask(Task):
         stdlib_dir: str | None = None,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     ) -> None:
-        if not lengths or any(n <= 0 for n in lengths) or num_samples <= 0:
-            raise ValueError(f"need positive lengths and num_samples, got {lengths}, {num_samples}")
-        self.lengths = tuple(lengths)
-        self.num_samples = num_samples
+        super().__init__(lengths, seed, heldout_fraction, max_new_tokens, num_samples=num_samples)
         self.min_line_chars = min_line_chars
-        self.max_new_tokens = max_new_tokens
-        self.seed = seed
         self.stdlib_dir = stdlib_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         files = heldout_code(self.stdlib_dir, self.heldout_fraction)
-        if not files:
-            raise ValueError(f"no held-out module in {self.stdlib_dir or 'the standard library'}")
         doc_ids = sorted(files)
         out = []
         for length in self.lengths:

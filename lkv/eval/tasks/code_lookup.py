@@ -19,7 +19,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.text import heldout_code, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
@@ -36,7 +36,7 @@ QUESTIONS = (
 ANSWER_PREFIX = "`{name} = "
 
 
-class CodeLookupTask(Task):
+class CodeLookupTask(GeneratedTask):
     """Literal lookup in held-out standard-library modules.
 
     Measured with the full cache on SmolLM2-135M (``OMP_NUM_THREADS=1``, question-aware, 1K tokens; see
@@ -66,22 +66,13 @@ class CodeLookupTask(Task):
         stdlib_dir: str | None = None,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     ) -> None:
-        if not lengths or any(n <= 0 for n in lengths) or samples_per_cell <= 0:
-            raise ValueError(f"need positive lengths and samples_per_cell, got {lengths}, {samples_per_cell}")
-        if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-            raise ValueError(f"depths must lie in [0, 1], got {depths}")
-        self.lengths = tuple(lengths)
-        self.depths = tuple(depths)
-        self.samples_per_cell = samples_per_cell
-        self.max_new_tokens = max_new_tokens
-        self.seed = seed
+        super().__init__(
+            lengths, seed, heldout_fraction, max_new_tokens, depths, samples_per_cell=samples_per_cell
+        )
         self.stdlib_dir = stdlib_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         files = heldout_code(self.stdlib_dir, self.heldout_fraction)
-        if not files:
-            raise ValueError(f"no held-out module in {self.stdlib_dir or 'the standard library'}")
         doc_ids = sorted(files)
         out = []
         for length in self.lengths:

@@ -11,7 +11,7 @@ from collections import Counter
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import answer_agreement, rouge_l
 from lkv.eval.tasks.text import HeldoutEssays, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
@@ -37,7 +37,7 @@ _COMMON = {
 }
 
 
-class FidelityTask(Task):
+class FidelityTask(GeneratedTask):
     """Held-out essay passages with a summary or question; scored against the FullKV answer.
 
     Args:
@@ -62,14 +62,8 @@ class FidelityTask(Task):
         essays_dir: str | None = None,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     ) -> None:
-        if not lengths or any(n <= 0 for n in lengths) or num_samples <= 0:
-            raise ValueError(f"need positive lengths and num_samples, got {lengths}, {num_samples}")
-        self.lengths = tuple(lengths)
-        self.num_samples = num_samples
-        self.max_new_tokens = max_new_tokens
-        self.seed = seed
+        super().__init__(lengths, seed, heldout_fraction, max_new_tokens, num_samples=num_samples)
         self.essays_dir = essays_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         essays = HeldoutEssays(tokenizer, self.essays_dir, self.heldout_fraction)

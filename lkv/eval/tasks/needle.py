@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.ruler import NIAH_NEEDLE, niah_wording
 from lkv.eval.tasks.text import HeldoutEssays, insert_at_depths, rng_for
@@ -18,7 +18,7 @@ from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 WORDING = niah_wording("numbers", singular=True)
 
 
-class NeedleTask(Task):
+class NeedleTask(GeneratedTask):
     """Needle-in-a-haystack on held-out essays.
 
     Args:
@@ -44,19 +44,10 @@ class NeedleTask(Task):
         essays_dir: str | None = None,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
     ) -> None:
-        if not lengths or any(n <= 0 for n in lengths):
-            raise ValueError(f"lengths must be positive token counts, got {lengths}")
-        if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-            raise ValueError(f"depths must lie in [0, 1], got {depths}")
-        if samples_per_cell <= 0:
-            raise ValueError(f"samples_per_cell must be positive, got {samples_per_cell}")
-        self.lengths = list(lengths)
-        self.depths = list(depths)
-        self.samples_per_cell = samples_per_cell
-        self.max_new_tokens = max_new_tokens
-        self.seed = seed
+        super().__init__(
+            lengths, seed, heldout_fraction, max_new_tokens, depths, samples_per_cell=samples_per_cell
+        )
         self.essays_dir = essays_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         essays = HeldoutEssays(tokenizer, self.essays_dir, self.heldout_fraction)

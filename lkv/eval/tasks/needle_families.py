@@ -22,7 +22,7 @@ from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import HeldoutEssays, PydocProse, SentenceCorpus, insert_at_depths, rng_for
 from lkv.labels.facts import TRAIN_KEYS, FactFormat, fact_format, formats
@@ -73,7 +73,7 @@ IN_FAMILIES = ("magic_number", "passcode", "vault_code")  # the formats of the d
 OUT_FAMILIES = (*_EVAL_KINDS, "magic_number_reworded", "multi_needle", "distractor")
 
 
-class NeedleFamilyTask(Task):
+class NeedleFamilyTask(GeneratedTask):
     """Needles of several families over held-out essays and/or the pydoc prose; one distribution per task.
 
     Samples: families × haystacks × lengths × depths × ``samples_per_cell``; each has its own keys, values
@@ -126,25 +126,15 @@ class NeedleFamilyTask(Task):
                     "distribution 'in' takes only trained families on the essays haystack; got families "
                     f"{untrained} that the training prompts do not contain, haystacks {tuple(haystacks)}"
                 )
-        if not lengths or any(n <= 0 for n in lengths):
-            raise ValueError(f"lengths must be positive token counts, got {lengths}")
-        if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-            raise ValueError(f"depths must lie in [0, 1], got {depths}")
-        if samples_per_cell <= 0 or answer_slack < 0:
-            raise ValueError(
-                f"need samples_per_cell > 0 and answer_slack ≥ 0, got {samples_per_cell}, {answer_slack}"
-            )
+        if answer_slack < 0:
+            raise ValueError(f"answer_slack must be ≥ 0, got {answer_slack}")
+        super().__init__(lengths, seed, heldout_fraction, None, depths, samples_per_cell=samples_per_cell)
         self.name = "needle_id" if distribution == "in" else "needle_ood"
         self.distribution = distribution
         self.families = families
         self.haystacks = tuple(haystacks)
-        self.lengths = list(lengths)
-        self.depths = list(depths)
-        self.samples_per_cell = samples_per_cell
         self.answer_slack = answer_slack
-        self.seed = seed
         self.essays_dir = essays_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         corpora: dict[str, SentenceCorpus] = {}

@@ -17,7 +17,7 @@ from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from lkv.eval.tasks.base import Sample, Task
+from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import HeldoutEssays, Sentence, insert_at_depths, noise_haystack, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
@@ -107,7 +107,7 @@ def niah_wording(spec_values: str, singular: bool) -> dict[str, str]:
     return {"kind": kind, "intro": intro, "question": question, "answer_prefix": prefix}
 
 
-class RulerTask(Task):
+class RulerTask(GeneratedTask):
     """One RULER synthetic task at several haystack lengths.
 
     Args:
@@ -146,19 +146,19 @@ class RulerTask(Task):
     ) -> None:
         if task not in NIAH_VARIANTS and task not in ("vt", "cwe", "fwe"):
             raise ValueError(f"unknown RULER task {task!r}; choose one of {', '.join(RulerName.__args__)}")
-        if not lengths or any(n <= 0 for n in lengths) or num_samples <= 0:
-            raise ValueError(f"need positive lengths and num_samples, got {lengths}, {num_samples}")
+        family = "niah" if task in NIAH_VARIANTS else task
+        super().__init__(
+            lengths,
+            seed,
+            heldout_fraction,
+            max_new_tokens or DEFAULT_NEW_TOKENS[family],
+            num_samples=num_samples,
+        )
         self.name = task
         self.task = task
-        self.lengths = tuple(lengths)
-        self.num_samples = num_samples
-        family = "niah" if task in NIAH_VARIANTS else task
-        self.max_new_tokens = max_new_tokens or DEFAULT_NEW_TOKENS[family]
         self.num_hops, self.num_chains = num_hops, num_chains
         self.num_cw, self.freq_cw, self.freq_ucw, self.alpha = num_cw, freq_cw, freq_ucw, alpha
-        self.seed = seed
         self.essays_dir = essays_dir
-        self.heldout_fraction = heldout_fraction
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         essays = HeldoutEssays(tokenizer, self.essays_dir, self.heldout_fraction)

@@ -195,7 +195,10 @@ def heldout_code(
 ) -> dict[str, Path]:
     """Held-out Python standard-library modules: doc id → file (same split as the training prompts)."""
     files = stdlib_documents(stdlib_dir)
-    return {doc: files[doc] for doc in heldout_ids(list(files), heldout_fraction)}
+    held = {doc: files[doc] for doc in heldout_ids(list(files), heldout_fraction)}
+    if not held:
+        raise ValueError(f"no held-out module in {stdlib_dir or 'the standard library'}")
+    return held
 
 
 def rng_for(*parts: object) -> random.Random:
