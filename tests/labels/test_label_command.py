@@ -80,9 +80,9 @@ def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp
 
 
 def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, tmp_path, monkeypatch):
-    import lkv.labels.predict as labeling_cli
+    import lkv.labels.predict as predict
 
-    real, calls = labeling_cli.label_batch, []
+    real, calls = predict.label_batch, []
 
     def dies_on_the_fifth(*args, **kwargs):
         calls.append(1)
@@ -90,12 +90,12 @@ def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, 
             raise RuntimeError("crash")  # the run dies mid-way, before its last shard is flushed
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(labeling_cli, "label_batch", dies_on_the_fifth)
+    monkeypatch.setattr(predict, "label_batch", dies_on_the_fifth)
     with pytest.raises(RuntimeError, match="crash"):
         run(saved_model, jsonl, tmp_path / "cut")
     # shard_size 2: four samples reached finished shards, the fifth was lost with the process.
     assert sorted(load_labels(tmp_path / "cut")["id"]) == ["q0", "q1", "q2", "q3"]
-    monkeypatch.setattr(labeling_cli, "label_batch", real)
+    monkeypatch.setattr(predict, "label_batch", real)
     run(saved_model, jsonl, tmp_path / "cut")
     run(saved_model, jsonl, tmp_path / "whole")
     resumed, whole = load_labels(tmp_path / "cut"), load_labels(tmp_path / "whole")
