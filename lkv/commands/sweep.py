@@ -51,7 +51,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from lkv.commands.eval import evaluate
 from lkv.core.generation import prefill
-from lkv.eval.report import NO_BUDGET
+from lkv.eval.cells import NO_BUDGET
 from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.perf.timing import Case, time_interleaved

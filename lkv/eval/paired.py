@@ -15,8 +15,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test
-from lkv.eval.tensorboard import FULL, NO_BUDGET
 
 #: Methods that are not training-free eviction baselines: references, upper bounds, the trained method.
 NOT_BASELINES = frozenset({"fullkv", "oracle", "lookaheadkv", "quest"})

@@ -26,9 +26,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.paired import comparison_markdown, paired_comparisons
 from lkv.eval.stats import is_binary, mean_interval
-from lkv.eval.tensorboard import FULL, NO_BUDGET, write_eval_runs
+from lkv.eval.tensorboard import write_eval_runs
 
 SMOKE_N = 30  # cells with fewer samples are labelled a smoke test: their 95 % intervals span ~30+ points
 SETTING_NAMES = {"aware": "question-aware", "agnostic": "question-agnostic"}

@@ -39,7 +39,7 @@ from lkv.core.cache import cache_bytes
 from lkv.core.clock import clock
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
-from lkv.eval.report import FULL, NO_BUDGET
+from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement

@@ -36,8 +36,8 @@ from tensorboard.util.tensor_util import make_tensor_proto
 from torch.utils.tensorboard.summary import custom_scalars, hparams, image
 from torch.utils.tensorboard.writer import FileWriter
 
-FULL = "full"  # budget of FullKV cells (no eviction)
-NO_BUDGET = "-"  # budget of importance cells (one cell carries every Recall@C)
+from lkv.eval.cells import FULL, NO_BUDGET
+
 # Keys of a summary cell that are not metrics.
 CELL_KEYS = ("task", "setting", "method", "budget", "n", "ci_low", "ci_high")
 TOKENS_NOTE = (
