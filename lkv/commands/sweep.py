@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import copy
 import csv
-import itertools
 import json
-import re
 import signal
 import subprocess
 import sys
@@ -46,7 +44,6 @@ from typing import Any
 import torch
 import yaml
 from jsonargparse import auto_cli
-from matplotlib.figure import Figure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lkv.commands.eval import evaluate
@@ -56,6 +53,7 @@ from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.perf.timing import Case, time_interleaved
 from lkv.train.export import resolve_adapter
+from lkv.train.grid import grid_points, point_name, write_summary
 
 RESULT_FILE = "result.json"
 EVAL_PREFIX = "eval."
@@ -90,31 +88,6 @@ def set_key(config: dict[str, Any], key: str, value: Any) -> None:
         node[last] = value
     else:
         raise KeyError(f"config key {key!r}: {'.'.join(parts[:-1])!r} is not a section or list item")
-
-
-def value_label(value: Any) -> str:
-    """Short text of a grid value: lists join with ``+`` (``[q_proj, v_proj]`` → ``q_proj+v_proj``)."""
-    if isinstance(value, list | tuple):
-        return "+".join(value_label(v) for v in value)
-    return str(value)
-
-
-def point_name(point: dict[str, Any]) -> str:
-    """Folder name of a grid point: ``<last key part>=<value>`` joined by ``,``, safe for file names."""
-    text = ",".join(f"{key.rsplit('.', 1)[-1]}={value_label(value)}" for key, value in point.items())
-    return re.sub(r"[^A-Za-z0-9_.+=,-]", "_", text)
-
-
-def grid_points(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the grid's values, the first key varying slowest.
-
-    Raises:
-        ValueError: naming a key whose values are not a non-empty list.
-    """
-    for key, values in grid.items():
-        if not isinstance(values, list | tuple) or not values:
-            raise ValueError(f"grid.{key}: expected a non-empty list of values, found {values!r}")
-    return [dict(zip(grid, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
 def point_config(base: dict[str, Any], values: dict[str, Any], folder: Path, logs: Path) -> dict[str, Any]:
@@ -297,101 +270,6 @@ def write_sessions(
     for result, extra in zip(results, extras, strict=True):
         run = logs / result["point"] / "fit"
         rewrite_session(run, result["values"], metrics, extra, domains=grid)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else value_label(value)
-
-
-def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One flat row per point: its values, ``fit_s``, cost figures and metrics."""
-    return [
-        {"point": r["point"], **r["values"], "fit_s": r["fit_s"], **r.get("cost", {}), **r["metrics"]}
-        for r in results
-    ]
-
-
-def write_summary(
-    results: list[dict[str, Any]],
-    folder: Path,
-    grid: dict[str, Sequence[Any]],
-    score: str,
-    size_key: str,
-    group_key: str,
-) -> Path:
-    """``summary.csv``, ``summary.md``, ``results/<point>.json`` and the two plots in ``folder``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = summary_rows(results)
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    with (folder / "summary.csv").open("w", newline="", encoding="utf-8") as out:
-        writer = csv.DictWriter(out, fieldnames=columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(
-                {k: (f"{v:.6g}" if isinstance(v, float) else value_label(v)) for k, v in row.items()}
-            )
-    (folder / "results").mkdir(exist_ok=True)
-    for result in results:
-        (folder / "results" / f"{result['point']}.json").write_text(json.dumps(result, indent=2))
-
-    shown = [*grid, score] + [c for c in ("overhead", "lookahead_ms", "prefill_ms", "fit_s") if c in columns]
-    shown += sorted(c for c in columns if c.startswith(("val/", "eval/")) and c != score)
-    lines = [f"# Sweep summary ({len(rows)} points; score: `{score}`)", ""]
-    lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in shown) + " |" for row in rows]
-    if size_key in grid and group_key in grid:
-        sizes = [value_label(s) for s in grid[size_key]]
-        lines += ["", f"`{score}` by `{group_key}` (rows) × `{size_key}` (columns):", ""]
-        lines += [f"| {group_key} | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
-        for group in grid[group_key]:
-            cells = []
-            for size in grid[size_key]:
-                hits = [
-                    r[score] for r in rows if r[group_key] == group and r[size_key] == size and score in r
-                ]
-                cells.append(f"{sum(hits) / len(hits):.3f}" if hits else "")
-            lines.append(f"| {value_label(group)} | " + " | ".join(cells) + " |")
-        _plot_by_size(rows, folder / "plots" / "score_vs_size.png", score, size_key, group_key, grid)
-        if "overhead" in columns:
-            _plot_by_size(
-                rows, folder / "plots" / "overhead_vs_size.png", "overhead", size_key, group_key, grid
-            )
-        lines += ["", "![score](plots/score_vs_size.png)"]
-        if "overhead" in columns:
-            lines += ["", "![overhead](plots/overhead_vs_size.png)"]
-    path = folder / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _plot_by_size(
-    rows: list[dict[str, Any]],
-    path: Path,
-    metric: str,
-    size_key: str,
-    group_key: str,
-    grid: dict[str, Sequence[Any]],
-) -> None:
-    """``metric`` vs ``size_key`` (log₂ axis), one line per value of ``group_key`` (mean over other keys)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = Figure(figsize=(6, 4), layout="constrained")
-    ax = fig.add_subplot()
-    for group in grid[group_key]:
-        xs, ys = [], []
-        for size in grid[size_key]:
-            hits = [r[metric] for r in rows if r[group_key] == group and r[size_key] == size and metric in r]
-            if hits:
-                xs.append(size)
-                ys.append(sum(hits) / len(hits))
-        ax.plot(xs, ys, marker="o", label=value_label(group))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(grid[size_key]), [value_label(s) for s in grid[size_key]])
-    ax.minorticks_off()
-    ax.set_xlabel(size_key)
-    ax.set_ylabel(metric if metric != "overhead" else "lookahead step / prefill time")
-    ax.legend(title=group_key)
-    ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=110)
 
 
 # ---------------------------------------------------------------------------------------------------------

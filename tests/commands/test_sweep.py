@@ -15,7 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep import grid_points, point_config, point_name, set_key
+from lkv.commands.sweep import point_config, set_key
+from lkv.train.grid import grid_points, point_name
 from tests.conftest import build_tiny_model, make_label_folder
 from tests.eval.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
 
