@@ -52,6 +52,7 @@ from lkv.eval.cells import NO_BUDGET
 from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.perf.timing import Case, time_interleaved
+from lkv.train.cli import resolved_fit_config
 from lkv.train.export import resolve_adapter
 from lkv.train.grid import grid_points, point_name, write_summary
 
@@ -337,9 +338,8 @@ def sweep(
         raise FileNotFoundError(f"sweep base config {base!r} not found")
     if eval_config is not None and not Path(eval_config).is_file():
         raise FileNotFoundError(f"sweep eval_config {eval_config!r} not found")
-    config = yaml.safe_load(base_path.read_text())
-    if not isinstance(config, dict) or "model" not in config:
-        raise ValueError(f"{base}: expected an `lkv fit` config with a model: section")
+    # as `lkv fit` reads it: includes (`config: recipes/...`) merged, every default filled in
+    config = resolved_fit_config(base_path)
     for key, value in (overrides or {}).items():
         set_key(config, key, value)
     points = grid_points(grid)

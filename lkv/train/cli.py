@@ -10,18 +10,25 @@ an interruption: with no checkpoint yet it starts from scratch, otherwise it res
 its global step. Before anything is written, ``fit`` refuses to resume from a checkpoint made with other
 model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a checkpoint folder that
 already holds checkpoints, so an earlier run is never overwritten.
+
+A config may include another: a top-level ``config: recipes/paper.yaml`` (relative to the including file)
+is read first, and the including file's keys, nested or dotted (``model.model: Qwen/Qwen3-8B``), win.
+Lists are replaced whole. :func:`resolved_fit_config` gives the merged result, as ``fit`` would run it.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
 from collections.abc import Mapping
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
@@ -146,3 +153,24 @@ def lightning_main(args: list[str]) -> None:
             "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},
         },
     )
+
+
+def resolved_fit_config(path: str | Path) -> dict[str, Any]:
+    """The whole ``fit`` config that ``lkv fit --config path`` runs: includes merged, every default filled.
+
+    Parsed by LightningCLI itself (``--print_config``), so it is exactly what a fit would use; no weights
+    are loaded.
+
+    Raises:
+        ValueError: naming the file, with the parser's message, when it does not parse.
+    """
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            lightning_main(["fit", "--config", str(path), "--print_config"])
+    except SystemExit as exit_info:
+        if exit_info.code not in (0, None):
+            raise ValueError(
+                f"{path}: not a valid `lkv fit` config (see the parser's message above)"
+            ) from None
+    return yaml.safe_load(out.getvalue())

@@ -1,7 +1,8 @@
 """Every LightningCLI config under configs/ parses (`--print_config`) without loading any weights.
 
 Configs of the other verbs (configs/eval, configs/sweeps, configs/demo, and any YAML without a top-level
-``model:`` or ``trainer:`` key) are parsed by their own verbs' tests.
+``model:`` or ``trainer:`` key) are parsed by their own verbs' tests. Files in configs/recipes/ are only
+included by model files (``config: recipes/paper.yaml``); they are parsed through those.
 """
 
 import shlex
@@ -12,20 +13,22 @@ import yaml
 
 import lkv.train.module
 from lkv.cli import main as cli_main
-from lkv.train.cli import lightning_main
+from lkv.train.cli import lightning_main, resolved_fit_config
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_VERBS = ("eval", "sweeps", "demo")
+RECIPES = ROOT / "configs" / "recipes"
 
 
 def lightning_configs() -> list[Path]:
     found = []
     for path in sorted((ROOT / "configs").glob("**/*.yaml")):
         relative = path.relative_to(ROOT / "configs")
-        if relative.parts[0] in OTHER_VERBS:
+        if relative.parts[0] in (*OTHER_VERBS, RECIPES.name):
             continue
         content = yaml.safe_load(path.read_text()) or {}
-        if isinstance(content, dict) and ({"model", "trainer"} & set(content)):
+        sections = {key.split(".", 1)[0] for key in content} if isinstance(content, dict) else set()
+        if {"model", "trainer"} & sections:
             found.append(path)
     return found
 
@@ -55,8 +58,57 @@ def test_config_parses_without_loading_weights(path, monkeypatch, capsys):
         lightning_main(["fit", "--config", str(path), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["model"]["num_lookahead"] == yaml.safe_load(path.read_text())["model"]["num_lookahead"]
     assert {"trainer", "model", "data"} <= set(printed)
+    for key, value in own_settings(path).items():  # the file's own values win over any include's
+        assert dotted(printed, key) == value, f"{relative}: {key}"
+
+
+def own_settings(path: Path) -> dict[str, object]:
+    """The values a config file sets itself, by dotted key, its ``config:`` include left out; a list of
+    class_path dicts (callbacks) as its class paths, since the parser fills in every default argument."""
+    flat: dict[str, object] = {}
+
+    def walk(node: object, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, list) and node and all(isinstance(v, dict) for v in node):
+            flat[f"{prefix}class_path"] = [v["class_path"] for v in node]
+        else:
+            flat[prefix[:-1]] = node
+
+    walk({k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "config"}, "")
+    return flat
+
+
+def dotted(config: dict, key: str) -> object:
+    node: object = config
+    for part in key.split("."):
+        node = [item[part] for item in node] if isinstance(node, list) else node[part]
+    return node
+
+
+def test_every_recipe_is_included_and_model_files_differ_only_where_they_say():
+    including = {p: yaml.safe_load(p.read_text()).get("config") for p in CONFIGS}
+    for recipe in sorted(RECIPES.glob("*.yaml")):
+        users = [
+            p for p, include in including.items() if include and (p.parent / include).resolve() == recipe
+        ]
+        assert users, f"{recipe.relative_to(ROOT)} is included by no model config"
+        resolved = {p: resolved_fit_config(p) for p in users}
+        recipe_keys = own_settings(recipe)
+        for path, config in resolved.items():
+            overridden = {k for k in own_settings(path) if k.startswith(tuple(f"{r}." for r in recipe_keys))}
+            for key, value in recipe_keys.items():
+                if key not in own_settings(path) and key not in overridden:
+                    assert dotted(config, key) == value, f"{path.name}: {key} should come from {recipe.name}"
+
+
+def test_a_broken_include_names_the_file(tmp_path):
+    config = tmp_path / "model.yaml"
+    config.write_text("config: recipes/missing.yaml\n")
+    with pytest.raises(ValueError, match="model.yaml"):
+        resolved_fit_config(config)
 
 
 def header_label_commands(path: Path) -> list[list[str]]:
@@ -82,7 +134,8 @@ PAPER_CONFIGS = [p for p in CONFIGS if p.name != "smollm2_135m.yaml"]
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
 def test_paper_configs_label_each_source_into_the_folders_they_train_on(path, capsys):
     # one documented `lkv label` command per source, each into its own folder: exactly data.train + data.val
-    data = yaml.safe_load(path.read_text())["data"]
+    config = resolved_fit_config(path)
+    data = config["data"]
     commands = header_label_commands(path)
     outputs = []
     for args in commands:
@@ -90,7 +143,7 @@ def test_paper_configs_label_each_source_into_the_folders_they_train_on(path, ca
             cli_main(["label", *args, "--print_config"])
         assert exit_info.value.code in (0, None), args
         printed = yaml.safe_load(capsys.readouterr().out)
-        assert printed["model"] == yaml.safe_load(path.read_text())["model"]["model"]
+        assert printed["model"] == config["model"]["model"]
         assert (printed["response_tokens"], printed["store_scores"]) == (512, False)
         outputs.append(printed["output"])
     assert outputs == [*data["train"], data["val"]] and len(data["train"]) == 4
