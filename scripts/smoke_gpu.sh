@@ -46,7 +46,7 @@ stage() { "$PYTHON" scripts/smoke_stage.py --out "$OUT" "$1" -- "${@:2}"; }
 # The labelling commands of configs/llama3_8b.yaml's header, on the local model and prompt files.
 LABEL=(--model "$OUT/model" --dtype "$DTYPE" --accelerator "$ACCEL" --devices 1 --response_tokens "$RESPONSE"
        --max_prompt_tokens "$MAX_PROMPT" --truncation middle --progress false
-       --prompts.class_path lkv.labels.prompts.JsonlPrompts --prompts.init_args.id_field id)
+       --prompts.class_path lkv.labels.dataset_prompts.JsonlPrompts --prompts.init_args.id_field id)
 stage label-train label "${LABEL[@]}" --output "$OUT/labels/train" \
   --prompts.init_args.path "$OUT/prompts-train.jsonl" --store_scores false
 # held-out WITH scores (float32): validation and `lkv eval` read the ground truth from disk

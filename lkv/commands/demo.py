@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from lkv.labels.prompts import BuiltinPrompts
+from lkv.labels.builtin_prompts import BuiltinPrompts
 
 
 class StageClock:

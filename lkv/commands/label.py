@@ -15,12 +15,18 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from lkv.labels.batched import length_batches
+from lkv.labels.builtin_prompts import BuiltinPrompts
+from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
 from lkv.labels.labeller import LABEL_MODES
 from lkv.labels.predict import LabelingModule, ShardPredictionWriter, responses_meta, template_kwargs
 from lkv.labels.prompts import Prompt, PromptSource
 from lkv.labels.responses import ResponsesFile
 from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
+
+# The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
+# are imported); any other subclass is named by its import path, e.g. `--prompts my_package.MyPrompts`.
+PROMPT_SOURCES: tuple[type[PromptSource], ...] = (BuiltinPrompts, JsonlPrompts, HFDatasetPrompts)
 
 
 def label(

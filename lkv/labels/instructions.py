@@ -5,7 +5,7 @@ make the answer depend on a *specific* part of the passage that the instruction 
 ``locate``, ``keywords`` of one paragraph), which is what a lookahead module must learn to anticipate; the
 others (``title``, ``continue``) spread the response's attention the way open-ended requests do.
 
-:class:`~lkv.labels.prompts.BuiltinPrompts` draws them through its ``family_weights``. None of these wordings
+:class:`~lkv.labels.builtin_prompts.BuiltinPrompts` draws them through its ``family_weights``. None of these wordings
 is used by an evaluation task.
 """
 

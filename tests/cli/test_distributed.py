@@ -22,8 +22,9 @@ import yaml
 
 from lkv.cli import main as lkv_main
 from lkv.core.generation import eos_ids
+from lkv.labels.dataset_prompts import JsonlPrompts
 from lkv.labels.labeller import label_prompt
-from lkv.labels.prompts import JsonlPrompts, render_prompt
+from lkv.labels.prompts import render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores, shard_files
 from lkv.model.backbone import load_backbone
 from tests.conftest import build_tiny_model, make_label_folder
@@ -139,7 +140,7 @@ def label_args(root: Path, output: Path, prompts: Path, **options: object) -> li
         "shard_size": 1,
         "accelerator": "cpu",
         "progress": "false",
-        "prompts.class_path": "lkv.labels.prompts.JsonlPrompts",
+        "prompts.class_path": "lkv.labels.dataset_prompts.JsonlPrompts",
         "prompts.init_args.path": prompts,
         "prompts.init_args.id_field": "id",
         **options,

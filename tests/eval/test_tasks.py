@@ -22,7 +22,8 @@ from lkv.eval.tasks import (
 from lkv.eval.tasks.longbench import PROMPTS, load_records, split_prompt
 from lkv.eval.tasks.ruler import NIAH_VARIANTS
 from lkv.eval.tasks.text import HeldoutEssays, split_sentences
-from lkv.labels.prompts import BuiltinPrompts, essay_documents, split_by_document, stdlib_documents
+from lkv.labels.builtin_prompts import BuiltinPrompts
+from lkv.labels.prompts import essay_documents, split_by_document, stdlib_documents
 from tests.conftest import ESSAYS
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "longbench"

@@ -130,7 +130,8 @@ def test_length_batches_keep_neighbours_together():
 @pytest.mark.slow
 def test_embedded_model_batch_gives_batch_one_labels():
     """SmolLM2-135M-Instruct in fp32 on real prompts of 150-400 tokens, R = 24, a batch of 5."""
-    from lkv.labels.prompts import BuiltinPrompts, render_prompt
+    from lkv.labels.builtin_prompts import BuiltinPrompts
+    from lkv.labels.prompts import render_prompt
     from lkv.model.backbone import load_backbone
 
     model, tokenizer = load_backbone("smollm2-135m")

@@ -9,8 +9,9 @@ import torch
 from lkv.cli import main
 from lkv.commands.label import label
 from lkv.core.generation import eos_ids
+from lkv.labels.dataset_prompts import JsonlPrompts
 from lkv.labels.labeller import label_prompt
-from lkv.labels.prompts import JsonlPrompts, render_prompt
+from lkv.labels.prompts import render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores
 from lkv.model.backbone import load_backbone
 
@@ -112,7 +113,7 @@ def test_cli_verb_with_a_config_file(saved_model, jsonl, tmp_path, capsys):
     config = tmp_path / "label.yaml"
     config.write_text(
         f"output: {tmp_path / 'cli'}\nmodel: {saved_model}\nresponse_tokens: 3\nprogress: false\n"
-        f"accelerator: cpu\nprompts:\n  class_path: lkv.labels.prompts.JsonlPrompts\n"
+        f"accelerator: cpu\nprompts:\n  class_path: lkv.labels.dataset_prompts.JsonlPrompts\n"
         f"  init_args:\n    path: {jsonl}\n    id_field: id\n"
     )
     main(["label", "--config", str(config)])
@@ -142,8 +143,8 @@ def test_scores_are_float32_unless_asked_and_a_float16_folder_resumes_as_float16
 def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_question(
     saved_model, tiny_corpus, tmp_path
 ):
+    from lkv.labels.builtin_prompts import BuiltinPrompts
     from lkv.labels.labeller import split_prompt
-    from lkv.labels.prompts import BuiltinPrompts
 
     essays, stdlib = tiny_corpus
     prompts = BuiltinPrompts(
