@@ -7,6 +7,7 @@ same logits, which pins down both the gathered entries and the position ids.
 """
 
 import copy
+import math
 
 import torch
 from transformers import AttentionInterface
@@ -93,3 +94,14 @@ def greedy_steps(model, cache, next_logits: torch.Tensor, position: int, steps: 
         out = model(input_ids=token.view(1, 1), position_ids=torch.tensor([[position + step]]), cache=cache)
         logits.append(out.logits[0, -1].float())
     return torch.tensor(tokens), torch.stack(logits)
+
+
+def naive_select(row: list[float], budget: int, sink: int, recent: int, kernel: int) -> list[int]:
+    """One head: max-pool the finite scores, force sink/recent/+inf, take the best (earlier wins ties)."""
+    length = len(row)
+    always = {j for j in range(length) if row[j] == math.inf or j < sink or j >= length - recent}
+    finite = [v for v in row if v != math.inf]
+    plain = [max(finite) if v == math.inf else v for v in row]
+    pooled = [max(plain[max(0, j - kernel // 2) : j + kernel // 2 + 1]) for j in range(length)]
+    ranked = sorted(range(length), key=lambda j: (j not in always, -pooled[j], j))
+    return sorted(ranked[:budget])

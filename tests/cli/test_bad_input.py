@@ -20,7 +20,7 @@ from datasets import Dataset
 
 from lkv.cli import main as lkv_main
 from lkv.labels.shards import features, load_labels
-from tests.cli.test_distributed import fit_config, fit_settings, label_args, make_workspace
+from tests.cli.conftest import fit_config, fit_settings, label_args, make_workspace
 from tests.conftest import build_tiny_model, make_label_folder
 
 

@@ -23,7 +23,7 @@ from lkv.cli import main as lkv_main
 from lkv.labels.shards import shard_files
 from lkv.train.cli import AtomicCheckpointIO
 from lkv.train.datamodule import LabelDataModule
-from tests.cli.test_distributed import (
+from tests.cli.conftest import (
     assert_labels_match_one_process,
     fit_config,
     label_args,

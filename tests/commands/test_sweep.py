@@ -19,7 +19,7 @@ from lkv.commands.sweep import point_config, set_key
 from lkv.train.cli import resolved_fit_config
 from lkv.train.grid import grid_points, point_name
 from tests.conftest import build_tiny_model, make_label_folder
-from tests.eval.test_tensorboard import curve, hparams_plugin_data, points_per_step, scalars
+from tests.tensorboard_events import curve, hparams_plugin_data, points_per_step, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 

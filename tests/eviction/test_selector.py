@@ -7,17 +7,7 @@ import torch
 
 from lkv.eviction.presses.pyramidkv import pyramid_budgets
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
-
-
-def naive_select(row: list[float], budget: int, sink: int, recent: int, kernel: int) -> list[int]:
-    """One head: max-pool the finite scores, force sink/recent/+inf, take the best (earlier wins ties)."""
-    length = len(row)
-    always = {j for j in range(length) if row[j] == math.inf or j < sink or j >= length - recent}
-    finite = [v for v in row if v != math.inf]
-    plain = [max(finite) if v == math.inf else v for v in row]
-    pooled = [max(plain[max(0, j - kernel // 2) : j + kernel // 2 + 1]) for j in range(length)]
-    ranked = sorted(range(length), key=lambda j: (j not in always, -pooled[j], j))
-    return sorted(ranked[:budget])
+from tests.reference import naive_select
 
 
 @pytest.mark.parametrize(

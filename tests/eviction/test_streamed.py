@@ -9,7 +9,7 @@ from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model
-from tests.eviction.test_presses import PROMPT_LEN, SETTINGS, build_press, prompt
+from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
 
 STREAMED = ["snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from lkv.train.callbacks import ImportanceImages, NeedleEval
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
-from tests.train.test_module import TINY, label_folders, tiny_backbone  # noqa: F401 (fixtures)
+from tests.conftest import TINY
 
 # Far above the tiny needle prompts' length: LookaheadKV keeps everything and must answer as FullKV does.
 NO_EVICTION = 4096

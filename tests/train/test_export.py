@@ -7,8 +7,7 @@ from lkv.cli import main as lkv_main
 from lkv.core.generation import prefill
 from lkv.model.lookahead import CONFIG_FILE, EMBEDDINGS_FILE, LookaheadAdapter
 from lkv.train.module import LookaheadKVModule
-from tests.conftest import build_tiny_model
-from tests.train.test_module import fit, label_folders, tiny_backbone  # noqa: F401 (fixtures)
+from tests.conftest import build_tiny_model, fit
 
 
 @pytest.fixture

@@ -1,43 +1,13 @@
 """LookaheadKVModule on tiny models: overfitting, online ground truth, checkpoints, resume, logging."""
 
-from pathlib import Path
-
-import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lkv.train.module
 from lkv.core.metrics import importance_kl
-from lkv.train.callbacks import ImportanceImages
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
-from tests.conftest import build_tiny_model, make_label_folder
-
-TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
-
-
-@pytest.fixture
-def tiny_backbone(monkeypatch):
-    """``lkv.train.module.load_backbone`` returns the tiny Llama (same weights every call); yields its family name."""
-    monkeypatch.setattr(lkv.train.module, "load_backbone", lambda model, **kw: build_tiny_model("llama"))
-    return "llama"
-
-
-@pytest.fixture(scope="module")
-def label_folders(tmp_path_factory) -> dict[str, Path]:
-    """Tiny-Llama label folders: ``train`` (6), ``val`` (2), ``online`` (= ``val`` without scores), ``qwen``."""
-    root = tmp_path_factory.mktemp("labels")
-    model, tokenizer = build_tiny_model("llama")
-    qwen, qwen_tokenizer = build_tiny_model("qwen")
-    return {
-        "train": make_label_folder(model, tokenizer, root / "train", num=6),
-        "val": make_label_folder(model, tokenizer, root / "val", num=2, seed=1),
-        "online": make_label_folder(model, tokenizer, root / "online", num=2, seed=1, store_scores=False),
-        "qwen": make_label_folder(qwen, qwen_tokenizer, root / "qwen", num=1),
-    }
+from tests.conftest import TINY, fit
 
 
 def configured(**overrides) -> LookaheadKVModule:
@@ -85,42 +55,6 @@ def test_online_ground_truth_equals_stored_labels(tiny_backbone, label_folders):
             want = module.importance(a, snapkv=True)
         torch.testing.assert_close(got["target"], want["target"], atol=1e-6, rtol=0)
         torch.testing.assert_close(got["pred"], want["pred"], atol=0, rtol=0)
-
-
-class CountSteps(L.Callback):
-    def __init__(self) -> None:
-        self.batches = 0
-        self.start_embeddings = None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.start_embeddings = pl_module.adapter.embeddings.detach().clone()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.batches += 1
-
-
-def fit(
-    root: Path, folders: dict[str, Path], max_steps: int, ckpt_path: str | None = None, train: str = "train"
-):
-    counter = CountSteps()
-    trainer = L.Trainer(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=TensorBoardLogger(root, name="tb"),
-        callbacks=[
-            ModelCheckpoint(dirpath=root / "checkpoints", save_last=True),
-            ImportanceImages(),
-            counter,
-        ],
-        val_check_interval=3,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    module = LookaheadKVModule(model="tiny", **TINY)
-    data = LabelDataModule(train=str(folders[train]), val=str(folders["val"]))
-    trainer.fit(module, data, ckpt_path=ckpt_path)
-    return trainer, module, counter
 
 
 def test_checkpoint_holds_only_trainable_weights_and_resumes(tiny_backbone, label_folders, tmp_path):

@@ -1,0 +1,44 @@
+"""Builders shared by the eviction tests: one press per registered method, with small settings."""
+
+import torch
+
+from lkv.eviction.presses import Press
+from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.registry import make_method
+from lkv.model.lookahead import LookaheadAdapter
+
+# Settings that fit a 48-token prompt and a 12-token budget.
+SETTINGS = {
+    "fullkv": {},
+    "streamingllm": {"sink": 2},
+    "snapkv": {"window": 4},
+    "pyramidkv": {"window": 4},
+    "h2o": {"recent": 4},
+    "tova": {},
+    "random": {"seed": 1},
+    "laq": {"draft_budget": 12, "num_tokens": 4, "window": 4, "kernel": 3},
+    "speckv": {"draft_layers": 1, "num_tokens": 4, "window": 4, "kernel": 3},
+    "oracle": {"response_tokens": 6},
+    "lookaheadkv": {},
+}
+
+
+PROMPT_LEN = 48
+
+
+def build_press(name: str, model) -> Press:
+    if name != "lookaheadkv":
+        return make_method(name, **SETTINGS[name])
+    adapter = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)
+    # A non-zero LoRA (B starts at 0), so an adapter leaking outside predict() would change the answers.
+    generator = torch.Generator().manual_seed(0)
+    for param_name, param in adapter.trainable_parameters().items():
+        if "lora_B" in param_name:
+            param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    return LookaheadKVPress(adapter)
+
+
+def prompt(model, length: int = PROMPT_LEN, seed: int = 0) -> torch.Tensor:
+    return torch.randint(
+        0, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed)
+    )
