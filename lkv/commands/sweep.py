@@ -1,6 +1,8 @@
 """`lkv sweep`: a grid of `lkv fit` runs (+ cost and an optional `lkv eval` each), resumable, with a summary.
 
-    lkv sweep --config configs/sweeps/lookahead_targets_smollm2.yaml
+    lkv sweep --config configs/sweeps/lookahead_targets_smollm2.yaml                 # here, point by point
+    lkv sweep --config configs/sweeps/lookahead_targets_llama3_8b.yaml               # a SLURM job array
+    lkv sweep --config configs/sweeps/lookahead_targets_llama3_8b.yaml --summarize true   # once it ended
 
 Every point of the grid (the product of the value lists, in the order given) is a full ``lkv fit`` of the
 base config with the point's values set at dotted keys (``model.num_lookahead``, ``model.lora_targets``,
@@ -10,16 +12,25 @@ starting with ``eval.`` are arguments of ``lkv eval`` instead (e.g. ``eval.budge
 sweep times the trained module (lookahead step vs plain prefill, :func:`lookahead_overhead`) and, with
 ``eval_config``, runs ``lkv eval`` on its checkpoint.
 
+Two ways to run the points, both through :func:`run_point` (so a point's ``result.json`` is the same):
+without a ``launcher:`` section (or with ``--launcher null``) this process runs them one after another and
+then writes the summary; with one, every unfinished point becomes one job of a submitit job array
+(:mod:`lkv.commands.sweep_launch`: SLURM, or submitit's local executor) and ``--summarize true`` writes the
+summary once the jobs have ended, refusing (with each job's log) a grid that is not complete unless
+``--allow_partial true``.
+
 Output folder (``output``)::
 
     points/<point>/config.yaml    the fit config this point ran (base + overrides + point values)
     points/<point>/checkpoints/   its checkpoints (``last.ckpt`` resumes an interrupted fit)
     points/<point>/fit.log        the fit's stdout and stderr
     points/<point>/eval/          its ``lkv eval`` folder (with ``eval_config``)
+    points/<point>/job.json       the submitit job that runs it and its log files (launched sweeps)
     points/<point>/result.json    values, final logged metrics, eval scores, timings — written last: a point
                                   whose result exists is skipped by a rerun
     tensorboard/<point>/fit/      one TensorBoard run per point: the fit's curves and an HParams session with
                                   the point's grid values and results (``val/*``, ``eval/*``, ``cost/*``)
+    jobs/                         submitit's pickles and job logs (``launcher.folder`` moves it)
 
 Summary folder (``summary_dir``, default ``output``): ``summary.csv``, ``summary.md`` (a table of every
 point and a ``group × size`` table of ``score``), ``results/<point>.json`` and
@@ -41,12 +52,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import submitit
 import torch
 import yaml
 from jsonargparse import auto_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lkv.commands.eval import evaluate
+from lkv.commands.sweep_launch import (
+    JOBS_FOLDER,
+    Launcher,
+    check_points_fit,
+    is_active,
+    job_outcome,
+    job_rank,
+    parse_launcher,
+    read_job_record,
+    submit_points,
+)
 from lkv.core.generation import prefill
 from lkv.eval.cells import NO_BUDGET
 from lkv.eval.tensorboard import rewrite_session
@@ -200,8 +223,15 @@ def run_point(
     overhead_tokens: int,
     overhead_repeats: int,
     device: str | None,
-) -> dict[str, Any]:
-    """Fit (in a subprocess), time and optionally evaluate one grid point; write and return its result."""
+    rank: int = 0,
+) -> dict[str, Any] | None:
+    """Fit (in a subprocess), time and optionally evaluate one grid point; write and return its result.
+
+    ``rank``: this process's task in a multi-task job (:mod:`lkv.commands.sweep_launch`: one task per GPU,
+    each ``lkv fit`` child one DDP rank found by Lightning's SLURM detection). Every task runs the fit
+    (rank r > 0 logs to ``fit.rank<r>.log``); only rank 0 times, evaluates and writes ``result.json``, and
+    the others return None.
+    """
     name = point_name(values)
     folder = output / "points" / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -209,20 +239,26 @@ def run_point(
     logs = output / "tensorboard" / name
     config_path = folder / "config.yaml"
     config = point_config(base, fit_values, folder, logs)
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # every task of a job writes the same text: a rename, so none reads another's half-written file
+    staged = folder / f".config.rank{rank}.yaml"
+    staged.write_text(yaml.safe_dump(config, sort_keys=False))
+    staged.replace(config_path)
     command = [sys.executable, "-m", "lkv.cli", "fit", "--config", str(config_path)]
     last = folder / "checkpoints" / "last.ckpt"
     if last.exists():  # an interrupted fit of this point
         command += ["--ckpt_path", str(last)]
+    log_path = folder / ("fit.log" if rank == 0 else f"fit.rank{rank}.log")
     start = time.perf_counter()
-    with (folder / "fit.log").open("a", encoding="utf-8") as log:
+    with log_path.open("a", encoding="utf-8") as log:
         status = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
     fit_s = time.perf_counter() - start
     if status != 0:
-        tail = "\n".join((folder / "fit.log").read_text(encoding="utf-8").splitlines()[-15:])
+        tail = "\n".join(log_path.read_text(encoding="utf-8").splitlines()[-15:])
         raise RuntimeError(
             f"sweep point {name}: `{' '.join(command)}` exited with {status}; log tail:\n{tail}"
         )
+    if rank != 0:
+        return None
     if not last.exists():
         raise FileNotFoundError(f"sweep point {name}: the fit wrote no {last}; see {folder / 'fit.log'}")
     result: dict[str, Any] = {"point": name, "values": values, "fit_s": fit_s}
@@ -274,6 +310,128 @@ def write_sessions(
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Launched sweeps and their summary
+
+
+def point_job(
+    values: dict[str, Any],
+    base: dict[str, Any],
+    output: Path,
+    eval_config: str | None,
+    overhead_tokens: int,
+    overhead_repeats: int,
+    device: str | None,
+) -> dict[str, Any] | None:
+    """What one job of a launched sweep runs: :func:`run_point`, as this task's rank of the job."""
+    return run_point(
+        values, base, output, eval_config, overhead_tokens, overhead_repeats, device, rank=job_rank()
+    )
+
+
+def collect_results(
+    points: list[dict[str, Any]], output: Path, allow_partial: bool = False
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The ``result.json`` of every point that has one, and one line per point that has none (why: its
+    job's error or state and log, a local run that was stopped, or never run).
+
+    Raises:
+        FileNotFoundError: listing the points without a result, unless ``allow_partial`` (then only if
+            no point has one).
+    """
+    results, missing = [], []
+    for values in points:
+        name = point_name(values)
+        folder = output / "points" / name
+        if (folder / RESULT_FILE).is_file():
+            results.append(json.loads((folder / RESULT_FILE).read_text()))
+            continue
+        record = read_job_record(folder)
+        if record is not None:
+            why = job_outcome(record)
+        elif (folder / "fit.log").is_file():
+            why = f"started by a local `lkv sweep` that did not finish it; log: {folder / 'fit.log'}"
+        else:
+            why = "never run (not submitted: no job.json)"
+        missing.append(f"{name}: {why}")
+    if missing and (not allow_partial or not results):
+        hint = (
+            f", or pass --allow_partial true to summarise the {len(results)} finished"
+            if results and not allow_partial
+            else ""
+        )
+        raise FileNotFoundError(
+            f"{output}: {len(missing)} of {len(points)} points have no {RESULT_FILE} (rerun the same "
+            f"`lkv sweep` to run or submit them again{hint}):\n  " + "\n  ".join(missing)
+        )
+    return results, missing
+
+
+def summarize_points(
+    results: list[dict[str, Any]],
+    output: Path,
+    grid: dict[str, Sequence[Any]],
+    score: str,
+    size_key: str,
+    group_key: str,
+    summary_dir: str | None,
+) -> Path:
+    """Every finished point's HParams session, then the summary table and plots; returns ``summary.md``."""
+    write_sessions(results, output / "tensorboard", grid, score)
+    return write_summary(results, Path(summary_dir or output), grid, score, size_key, group_key)
+
+
+def launch_points(
+    launcher: Launcher,
+    points: list[dict[str, Any]],
+    base: dict[str, Any],
+    output: Path,
+    job_args: tuple[Any, ...],
+) -> tuple[list[submitit.Job], str]:
+    """Submit every point that has no result and no job still queued or running as one job array.
+
+    ``job_args``: the arguments of :func:`point_job` after ``values``, ``base`` and ``output``. Returns
+    the jobs and a line saying what was submitted, done and still in flight.
+    """
+    todo, active, done = [], [], 0
+    for values in points:
+        folder = output / "points" / point_name(values)
+        record = read_job_record(folder)
+        if (folder / RESULT_FILE).is_file():
+            done += 1
+        elif record is not None and is_active(record):
+            active.append(f"{point_name(values)} (job {record['job_id']})")
+        else:
+            todo.append(values)
+    check_points_fit(
+        launcher,
+        {
+            point_name(v): point_config(
+                base, {k: x for k, x in v.items() if not k.startswith(EVAL_PREFIX)}, output, output
+            )
+            for v in todo
+        },
+    )
+    jobs_folder = Path(launcher.folder) if launcher.folder else output / JOBS_FOLDER
+    jobs = []
+    if todo:
+        jobs = submit_points(
+            launcher,
+            jobs_folder,
+            [output / "points" / point_name(v) for v in todo],
+            point_job,
+            [(v, base, output, *job_args) for v in todo],
+        )
+    ids = f"jobs {jobs[0].job_id} … {jobs[-1].job_id}, " if len(jobs) > 1 else ""
+    ids = f"job {jobs[0].job_id}, " if len(jobs) == 1 else ids
+    line = (
+        f"lkv sweep: {len(points)} points: {len(todo)} submitted to {launcher.executor} ({ids}logs in "
+        f"{jobs_folder}), {done} already done, {len(active)} still queued or running"
+        + (f": {', '.join(active)}" if active else "")
+    )
+    return jobs, line
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The verb
 
 
@@ -312,6 +470,9 @@ def sweep(
     overhead_repeats: int = 5,
     device: str | None = None,
     summary_dir: str | None = None,
+    launcher: dict[str, Any] | None = None,
+    summarize: bool = False,
+    allow_partial: bool = False,
 ) -> str:
     """Run a grid of `lkv fit` (+ timing, + `lkv eval`) points; skip finished ones; write a summary.
 
@@ -332,6 +493,13 @@ def sweep(
         device: device of the timing and the eval (default: CPU); the fits use the config's trainer.
         summary_dir: where the summary, plots and per-point results go (default: ``output``), e.g. an
             ``experiments/`` folder that should not hold checkpoints.
+        launcher: job resources of one point (:class:`lkv.commands.sweep_launch.Launcher`: executor,
+            nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem_gb, timeout_min, partition,
+            array_parallelism, slurm_args, setup, name, folder, wait): submit the unfinished points as a
+            submitit job array and return; none (``--launcher null``): run them here, one after another.
+        summarize: fit nothing; summarise the points' ``result.json`` files (after the jobs have ended).
+        allow_partial: with ``summarize``, summarise the finished points even if some have no result
+            (they are still listed); without it, missing points are an error.
     """
     base_path = Path(base)
     if not base_path.is_file():
@@ -345,7 +513,23 @@ def sweep(
     points = grid_points(grid)
     if any(k.startswith(EVAL_PREFIX) for k in grid) and eval_config is None:
         raise ValueError(f"grid keys {[k for k in grid if k.startswith(EVAL_PREFIX)]} need an eval_config")
+    launch = parse_launcher(launcher) if launcher is not None else None
     out = Path(output)
+    layout = (grid, score, size_key, group_key, summary_dir)
+    if summarize:
+        results, missing = collect_results(points, out, allow_partial)
+        summary = summarize_points(results, out, *layout)
+        left = f"; {len(missing)} without a result left out:\n  " + "\n  ".join(missing) if missing else ""
+        return f"lkv sweep: summarised {len(results)} of {len(points)} points: {summary}{left}"
+    if launch is not None:
+        job_args = (eval_config, overhead_tokens, overhead_repeats, device)
+        jobs, line = launch_points(launch, points, config, out, job_args)
+        if not launch.wait:
+            return f"{line}\nwhen they have ended: the same `lkv sweep` command with --summarize true"
+        for job in jobs:
+            job.wait()
+        results, _ = collect_results(points, out)
+        return f"{line}\nlkv sweep: all ended; summary: {summarize_points(results, out, *layout)}"
     results, ran = [], 0
     with _exit_on_sigterm():
         for index, values in enumerate(points, 1):
@@ -359,6 +543,5 @@ def sweep(
             )
             ran += 1
             write_sessions(results, out / "tensorboard", grid, score)
-    write_sessions(results, out / "tensorboard", grid, score)
-    summary = write_summary(results, Path(summary_dir or out), grid, score, size_key, group_key)
+    summary = summarize_points(results, out, *layout)
     return f"lkv sweep: {len(points)} points ({ran} run now, {len(points) - ran} already done); summary: {summary}"

@@ -1,0 +1,250 @@
+"""`lkv sweep` on a cluster: every grid point as one job of a SLURM job array, submitted through submitit.
+
+The ``launcher:`` section of a sweep config (:class:`Launcher`) names the executor and the resources of
+*one point's* job. Each job calls the same :func:`lkv.commands.sweep.run_point` as the local mode, so a
+point's ``result.json`` is the same whichever way it ran; ``lkv sweep --summarize true`` collects them.
+
+A point that trains on G GPUs runs as G tasks of one job (``tasks_per_node = gpus_per_node``): submitit
+starts the job's function under ``srun`` in every task, each task starts ``lkv fit`` as a child that
+inherits the task's ``SLURM_*`` variables, and Lightning's ``SLURMEnvironment`` makes those children one
+DDP group (rank ``SLURM_PROCID``, world size ``SLURM_NTASKS``, GPU ``SLURM_LOCALID``; Lightning checks
+that ``trainer.devices`` equals ``--ntasks-per-node``). Only task 0 then times, evaluates and writes the
+result.
+
+Submitit's files (pickled calls, results, ``<job>_0_log.out``/``.err``) go to ``launcher.folder``
+(default ``<output>/jobs``); ``points/<point>/job.json`` records which job runs a point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import submitit
+from submitit.core.utils import JobPaths
+
+JOB_FILE = "job.json"
+JOBS_FOLDER = "jobs"
+Executor = Literal["slurm", "local"]
+# sacct states of a job that may still write into its point folder: such a point is not submitted again
+ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launcher:
+    """Resources of one grid point's job (the ``launcher:`` section of a sweep config).
+
+    Attributes:
+        executor: ``slurm`` (a job array on the cluster this runs on: ``srun`` must be on the PATH) or
+            ``local`` (submitit's local executor: each job a background process of this machine, to try
+            the array path without a cluster).
+        nodes: nodes per point; must equal the points' ``trainer.num_nodes``.
+        gpus_per_node: GPUs per node (``--gpus-per-node``); 0 for CPU points.
+        tasks_per_node: tasks per node (``--ntasks-per-node``), one DDP rank each; default
+            ``gpus_per_node`` (1 without GPUs). Under SLURM it must equal the points' ``trainer.devices``.
+        cpus_per_task: CPUs per task (``--cpus-per-task``); none: the cluster's default.
+        mem_gb: memory per node in GB (``--mem``); none: the cluster's default.
+        timeout_min: time limit of one point's job in minutes (``--time``).
+        partition: SLURM partition (``--partition``); none: the cluster's default.
+        array_parallelism: most jobs of the array running at once (``--array=0-N%k``).
+        slurm_args: further ``#SBATCH`` flags, name → value (``{account: x, qos: high, constraint: h100}``).
+        setup: shell lines run in the job before the point (``module load ...``, ``source .venv/bin/activate``).
+        name: job name (``--job-name``).
+        folder: submitit's folder (pickles and logs); default ``<output>/jobs``.
+        wait: block until every submitted job has ended, then summarise (as ``--summarize true`` would).
+    """
+
+    executor: Executor = "slurm"
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    timeout_min: int = 60
+    partition: str | None = None
+    array_parallelism: int = 256
+    slurm_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    setup: list[str] = dataclasses.field(default_factory=list)
+    name: str = "lkv-sweep"
+    folder: str | None = None
+    wait: bool = False
+
+    @property
+    def tasks(self) -> int:
+        """Tasks per node: ``tasks_per_node``, else one per GPU (at least one)."""
+        return self.tasks_per_node if self.tasks_per_node is not None else max(1, self.gpus_per_node)
+
+
+def parse_launcher(section: dict[str, Any]) -> Launcher:
+    """The :class:`Launcher` of a sweep config's ``launcher:`` mapping.
+
+    Raises:
+        ValueError: naming the ``launcher.<key>`` that is unknown or of the wrong type or range.
+    """
+    if not isinstance(section, dict):
+        raise ValueError(f"launcher: expected a mapping of job resources, found {section!r}")
+    fields = {f.name: f for f in dataclasses.fields(Launcher)}
+    for key, value in section.items():
+        if key not in fields:
+            raise ValueError(f"launcher.{key}: unknown key; expected one of {', '.join(fields)}")
+        expected = _expected_type(key, value)
+        if expected is not None:
+            raise ValueError(f"launcher.{key}: expected {expected}, found {value!r}")
+    launcher = Launcher(**section)
+    if launcher.executor == "local" and (launcher.nodes != 1 or launcher.tasks != 1):
+        raise ValueError(
+            "launcher.executor: local runs one task on this machine (Lightning starts a point's DDP "
+            f"processes itself); found nodes={launcher.nodes}, tasks_per_node={launcher.tasks}"
+        )
+    return launcher
+
+
+def _expected_type(key: str, value: Any) -> str | None:
+    """What ``launcher.<key>`` expects, if ``value`` is not that; else None."""
+    positive = {"nodes", "timeout_min", "array_parallelism"}
+    optional_positive = {"tasks_per_node", "cpus_per_task"}
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if key == "executor" and value not in get_args(Executor):
+        return f"one of {', '.join(get_args(Executor))}"
+    if key in positive and not (is_int and value > 0):
+        return "a positive integer"
+    if key in optional_positive and not (value is None or (is_int and value > 0)):
+        return "a positive integer or null"
+    if key == "gpus_per_node" and not (is_int and value >= 0):
+        return "a non-negative integer"
+    if key == "mem_gb" and not (value is None or (isinstance(value, int | float) and value > 0)):
+        return "a positive number of GB or null"
+    if key in ("partition", "folder") and not (value is None or isinstance(value, str)):
+        return "a string or null"
+    if key == "name" and not (isinstance(value, str) and value):
+        return "a non-empty string"
+    if key == "slurm_args" and not isinstance(value, dict):
+        return "a mapping of sbatch flag → value"
+    if key == "setup" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+        return "a list of shell lines"
+    if key == "wait" and not isinstance(value, bool):
+        return "true or false"
+    return None
+
+
+def check_points_fit(launcher: Launcher, configs: dict[str, dict[str, Any]]) -> None:
+    """Refuse, before anything is queued, points whose trainer Lightning would refuse inside the job.
+
+    Under SLURM Lightning runs one DDP rank per task and refuses a ``trainer.devices`` other than
+    ``--ntasks-per-node``; ``trainer.num_nodes`` must be the job's node count. ``configs``: point name →
+    its fit config.
+
+    Raises:
+        ValueError: naming the launcher field, the point and the trainer setting that disagree.
+    """
+    if launcher.executor != "slurm":
+        return
+    for name, config in configs.items():
+        trainer = config.get("trainer") or {}
+        devices, num_nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
+        if isinstance(devices, int) and devices != launcher.tasks:
+            raise ValueError(
+                f"launcher.tasks_per_node: {launcher.tasks} tasks per node, but point {name} has "
+                f"trainer.devices: {devices} (Lightning runs one DDP rank per SLURM task; set "
+                f"launcher.gpus_per_node/tasks_per_node to {devices})"
+            )
+        if num_nodes != launcher.nodes:
+            raise ValueError(
+                f"launcher.nodes: {launcher.nodes}, but point {name} has trainer.num_nodes: {num_nodes}"
+            )
+
+
+def make_executor(launcher: Launcher, folder: Path) -> submitit.AutoExecutor:
+    """A submitit executor for ``launcher`` writing into ``folder`` (``%j`` sub-folders are not used: the
+    logs of one sweep sit side by side as ``<job id>_0_log.out``)."""
+    executor = submitit.AutoExecutor(folder=folder, cluster=launcher.executor)
+    executor.update_parameters(
+        name=launcher.name,
+        timeout_min=launcher.timeout_min,
+        nodes=launcher.nodes,
+        gpus_per_node=launcher.gpus_per_node,
+        tasks_per_node=launcher.tasks,
+        cpus_per_task=launcher.cpus_per_task,
+        mem_gb=launcher.mem_gb,
+        slurm_partition=launcher.partition,
+        slurm_array_parallelism=launcher.array_parallelism,
+        slurm_additional_parameters=dict(launcher.slurm_args) or None,
+        slurm_setup=list(launcher.setup) or None,
+    )
+    return executor
+
+
+def job_rank() -> int:
+    """This task's global rank inside a submitit job (0 in a one-task job)."""
+    return submitit.JobEnvironment().global_rank
+
+
+def write_job_record(folder: Path, job: submitit.Job, executor: str) -> None:
+    """``folder/job.json``: the job that runs a point and where its logs are."""
+    paths = job.paths
+    record = {
+        "executor": executor,
+        "job_id": job.job_id,
+        "folder": str(paths.folder),
+        "stdout": str(paths.stdout),
+        "stderr": str(paths.stderr),
+        "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (folder / JOB_FILE).write_text(json.dumps(record, indent=2))
+
+
+def read_job_record(folder: Path) -> dict[str, Any] | None:
+    """The ``job.json`` of a point folder, if it has one."""
+    path = folder / JOB_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def is_active(record: dict[str, Any]) -> bool:
+    """Whether the recorded job may still be queued or running (it would write into its point folder).
+
+    SLURM jobs are asked through ``sacct`` (a state it cannot tell counts as ended); a local job of an
+    earlier process is ended unless it left no result and its process still runs — which submitit cannot
+    tell from another process, so it counts as ended too.
+    """
+    if record["executor"] != "slurm":
+        return False
+    state = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"]).state
+    return state.split(" ")[0] in ACTIVE_STATES
+
+
+def job_outcome(record: dict[str, Any]) -> str:
+    """One line on why a submitted point has no result: the job's error, or that it has not ended."""
+    paths = JobPaths(record["folder"], job_id=record["job_id"], task_id=0)
+    if paths.result_pickle.is_file():
+        outcome, payload = submitit.core.utils.pickle_load(paths.result_pickle)
+        if outcome == "error":
+            last = [line for line in str(payload).splitlines() if line.strip()][-1:]
+            return (
+                f"job {record['job_id']} failed ({last[0] if last else 'no traceback'}); log: {paths.stderr}"
+            )
+        return f"job {record['job_id']} ended without writing a result; log: {paths.stderr}"
+    return (
+        f"job {record['job_id']} has not ended (queued or running) or was killed (time limit, memory, "
+        f"cancelled); log: {record['stderr']}"
+    )
+
+
+def submit_points(
+    launcher: Launcher,
+    folder: Path,
+    point_folders: Sequence[Path],
+    run: Callable[..., Any],
+    calls: Sequence[tuple[Any, ...]],
+) -> list[submitit.Job]:
+    """Submit ``run(*call)`` for every call as one job array (one job per call) and record each job in
+    its point folder's ``job.json``."""
+    executor = make_executor(launcher, folder)
+    jobs = executor.map_array(run, *zip(*calls, strict=True))
+    for point_folder, job in zip(point_folders, jobs, strict=True):
+        point_folder.mkdir(parents=True, exist_ok=True)
+        write_job_record(point_folder, job, launcher.executor)
+    return jobs
