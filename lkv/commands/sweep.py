@@ -62,8 +62,8 @@ from lkv.commands.eval import evaluate
 from lkv.commands.sweep_launch import (
     JOBS_FOLDER,
     Launcher,
+    active_jobs,
     check_points_fit,
-    is_active,
     job_outcome,
     job_rank,
     parse_launcher,
@@ -392,16 +392,17 @@ def launch_points(
     ``job_args``: the arguments of :func:`point_job` after ``values``, ``base`` and ``output``. Returns
     the jobs and a line saying what was submitted, done and still in flight.
     """
-    todo, active, done = [], [], 0
-    for values in points:
-        folder = output / "points" / point_name(values)
-        record = read_job_record(folder)
-        if (folder / RESULT_FILE).is_file():
-            done += 1
-        elif record is not None and is_active(record):
+    unfinished = [v for v in points if not (output / "points" / point_name(v) / RESULT_FILE).is_file()]
+    records = {point_name(v): read_job_record(output / "points" / point_name(v)) for v in unfinished}
+    running = active_jobs([r for r in records.values() if r is not None])
+    todo, active = [], []
+    for values in unfinished:
+        record = records[point_name(values)]
+        if record is not None and record["job_id"] in running:
             active.append(f"{point_name(values)} (job {record['job_id']})")
         else:
             todo.append(values)
+    done = len(points) - len(unfinished)
     check_points_fit(
         launcher,
         {

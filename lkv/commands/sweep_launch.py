@@ -203,17 +203,16 @@ def read_job_record(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def is_active(record: dict[str, Any]) -> bool:
-    """Whether the recorded job may still be queued or running (it would write into its point folder).
+def active_jobs(records: Sequence[dict[str, Any]]) -> set[str]:
+    """The ids of the recorded jobs that may still be queued or running (and write into their point folders).
 
-    SLURM jobs are asked through ``sacct`` (a state it cannot tell counts as ended); a local job of an
-    earlier process is ended unless it left no result and its process still runs — which submitit cannot
-    tell from another process, so it counts as ended too.
+    SLURM jobs are asked through one ``sacct`` call for all of them (a state it cannot tell counts as
+    ended); a local job of an earlier process counts as ended (submitit cannot follow it from another one).
     """
-    if record["executor"] != "slurm":
-        return False
-    state = submitit.SlurmJob(folder=record["folder"], job_id=record["job_id"]).state
-    return state.split(" ")[0] in ACTIVE_STATES
+    jobs = [
+        submitit.SlurmJob(folder=r["folder"], job_id=r["job_id"]) for r in records if r["executor"] == "slurm"
+    ]  # all registered before the first state query, so that one sacct call answers for every job
+    return {job.job_id for job in jobs if job.state.split(" ")[0] in ACTIVE_STATES}
 
 
 def job_outcome(record: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
 from lkv.commands.sweep import point_config, set_key
+from lkv.commands.sweep_launch import check_points_fit, parse_launcher
 from lkv.train.cli import resolved_fit_config
 from lkv.train.grid import grid_points, point_name
 from tests.tensorboard_events import curve, hparams_plugin_data, points_per_step, scalars
@@ -154,6 +155,19 @@ def test_shipped_sweep_configs_parse_and_their_keys_exist(path, capsys):
                 )
                 node = node[part]
     assert len(grid_points(config["grid"])) >= 4
+    if config.get("launcher") is not None:  # the job resources fit the points' trainer (one rank per task)
+        launcher = parse_launcher(config["launcher"])
+        fits = {
+            point_name(values): point_config(
+                base,
+                {**config.get("overrides", {}), **{k: v for k, v in values.items() if "eval." not in k}},
+                Path("p"),
+                Path("tb"),
+            )
+            for values in grid_points(config["grid"])
+        }
+        check_points_fit(launcher, fits)
+        assert any("--summarize true" in line for line in header), f"{relative}: no summarize command"
 
 
 def is_fit(pid: str) -> bool:
