@@ -6,7 +6,10 @@ import csv
 import json
 import os
 import pickle
+import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from lkv.commands.sweep_launch import Launcher, parse_launcher
 # two runs. Every other column — the grid values and every metric — must match.
 WALL_TIME_COLUMNS = {"fit_s", "overhead", "lookahead_ms", "prefill_ms"}
 FAKE_JOB = "4242"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep_config(tiny_setup: dict[str, Path], folder: Path, **extra) -> Path:
@@ -196,3 +200,54 @@ def test_launcher_defaults_one_task_per_gpu():
     assert parse_launcher({"gpus_per_node": 8}).tasks == 8
     assert parse_launcher({}) == Launcher() and Launcher().tasks == 1
     assert parse_launcher({"gpus_per_node": 8, "tasks_per_node": 1}).tasks == 1
+
+
+@pytest.mark.multiprocess
+def test_a_two_task_job_is_one_ddp_fit_and_task_0_writes_the_result(tiny_setup, tmp_path):
+    """What `srun` does in a job of 2 tasks, without SLURM: two processes with the variables srun gives
+    its tasks each run the job's function; their `lkv fit` children must form one DDP group through
+    Lightning's SLURMEnvironment (not two separate fits), and only task 0 may write the result."""
+    base = yaml.safe_load(tiny_setup["fit"].read_text())
+    base["trainer"].update(devices=2, strategy="ddp")
+    out = tmp_path / "sweep"
+    args = tmp_path / "args.pkl"
+    args.write_bytes(pickle.dumps(({"model.num_lookahead": 2}, base, out, None, 0, 1, None)))
+    call = "import pickle, sys; from lkv.commands.sweep import point_job; "
+    call += "print('returned', point_job(*pickle.load(open(sys.argv[1], 'rb'))) is None)"
+    with socket.socket() as probe:  # a free port for the ranks' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_JOB_ID": FAKE_JOB,
+        "SLURM_JOB_NAME": "lkv-sweep",
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+        "SLURM_JOB_NODELIST": "localhost",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, "-c", call, str(args)],
+            env={**os.environ, **job, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    said = [task.communicate(timeout=600)[0] for task in tasks]
+    assert [task.returncode for task in tasks] == [0, 0], said
+    assert ["returned False" in said[0], "returned True" in said[1]] == [True, True], said
+    point = out / "points" / "num_lookahead=2"
+    # each rank's fit logged its place in the one 2-process group
+    assert "MEMBER: 1/2" in (point / "fit.log").read_text()
+    assert "MEMBER: 2/2" in (point / "fit.rank1.log").read_text()
+    result = json.loads((point / "result.json").read_text())
+    assert result["point"] == "num_lookahead=2" and 0 <= result["metrics"]["val/recall@4"] <= 1
