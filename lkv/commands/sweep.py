@@ -114,6 +114,11 @@ def set_key(config: dict[str, Any], key: str, value: Any) -> None:
         raise KeyError(f"config key {key!r}: {'.'.join(parts[:-1])!r} is not a section or list item")
 
 
+def fit_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A grid point's values for the fit config (its ``eval.`` keys are `lkv eval` arguments)."""
+    return {k: v for k, v in values.items() if not k.startswith(EVAL_PREFIX)}
+
+
 def point_config(base: dict[str, Any], values: dict[str, Any], folder: Path, logs: Path) -> dict[str, Any]:
     """The base fit config with ``values`` set, TensorBoard in ``logs`` and every ModelCheckpoint (one is added
     if there is none) saving ``last.ckpt`` in ``folder/checkpoints``.
@@ -235,10 +240,9 @@ def run_point(
     name = point_name(values)
     folder = output / "points" / name
     folder.mkdir(parents=True, exist_ok=True)
-    fit_values = {k: v for k, v in values.items() if not k.startswith(EVAL_PREFIX)}
     logs = output / "tensorboard" / name
     config_path = folder / "config.yaml"
-    config = point_config(base, fit_values, folder, logs)
+    config = point_config(base, fit_values(values), folder, logs)
     # every task of a job writes the same text: a rename, so none reads another's half-written file
     staged = folder / f".config.rank{rank}.yaml"
     staged.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -403,15 +407,9 @@ def launch_points(
         else:
             todo.append(values)
     done = len(points) - len(unfinished)
-    check_points_fit(
-        launcher,
-        {
-            point_name(v): point_config(
-                base, {k: x for k, x in v.items() if not k.startswith(EVAL_PREFIX)}, output, output
-            )
-            for v in todo
-        },
-    )
+    # the trainer each job will run (the folders do not matter here)
+    fits = {point_name(v): point_config(base, fit_values(v), output, output) for v in todo}
+    check_points_fit(launcher, fits)
     jobs_folder = Path(launcher.folder) if launcher.folder else output / JOBS_FOLDER
     jobs = []
     if todo:
@@ -422,10 +420,12 @@ def launch_points(
             point_job,
             [(v, base, output, *job_args) for v in todo],
         )
-    ids = f"jobs {jobs[0].job_id} … {jobs[-1].job_id}, " if len(jobs) > 1 else ""
-    ids = f"job {jobs[0].job_id}, " if len(jobs) == 1 else ids
+    if len(jobs) > 1:
+        span = f"jobs {jobs[0].job_id} … {jobs[-1].job_id}"
+    else:
+        span = f"job {jobs[0].job_id}" if jobs else "no job"
     line = (
-        f"lkv sweep: {len(points)} points: {len(todo)} submitted to {launcher.executor} ({ids}logs in "
+        f"lkv sweep: {len(points)} points: {len(todo)} submitted to {launcher.executor} ({span}, logs in "
         f"{jobs_folder}), {done} already done, {len(active)} still queued or running"
         + (f": {', '.join(active)}" if active else "")
     )

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep import point_config, set_key
+from lkv.commands.sweep import fit_values, point_config, set_key
 from lkv.commands.sweep_launch import check_points_fit, parse_launcher
 from lkv.train.cli import resolved_fit_config
 from lkv.train.grid import grid_points, point_name
@@ -160,7 +160,7 @@ def test_shipped_sweep_configs_parse_and_their_keys_exist(path, capsys):
         fits = {
             point_name(values): point_config(
                 base,
-                {**config.get("overrides", {}), **{k: v for k, v in values.items() if "eval." not in k}},
+                {**config.get("overrides", {}), **fit_values(values)},
                 Path("p"),
                 Path("tb"),
             )
