@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import submitit
-from submitit.core.utils import JobPaths
+from submitit.core.utils import JobPaths, pickle_load
 
 JOB_FILE = "job.json"
 JOBS_FOLDER = "jobs"
@@ -219,12 +220,12 @@ def job_outcome(record: dict[str, Any]) -> str:
     """One line on why a submitted point has no result: the job's error, or that it has not ended."""
     paths = JobPaths(record["folder"], job_id=record["job_id"], task_id=0)
     if paths.result_pickle.is_file():
-        outcome, payload = submitit.core.utils.pickle_load(paths.result_pickle)
-        if outcome == "error":
-            last = [line for line in str(payload).splitlines() if line.strip()][-1:]
-            return (
-                f"job {record['job_id']} failed ({last[0] if last else 'no traceback'}); log: {paths.stderr}"
+        outcome, payload = pickle_load(paths.result_pickle)
+        if outcome == "error":  # payload: the formatted traceback; its last exception line says what failed
+            raised = re.findall(
+                r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*$", str(payload), re.M
             )
+            return f"job {record['job_id']} failed ({raised[-1] if raised else 'see its log'}); log: {paths.stderr}"
         return f"job {record['job_id']} ended without writing a result; log: {paths.stderr}"
     return (
         f"job {record['job_id']} has not ended (queued or running) or was killed (time limit, memory, "

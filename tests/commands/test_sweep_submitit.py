@@ -144,18 +144,18 @@ def test_slurm_parameters_reach_the_sbatch_script_and_summarize_names_the_missin
     said = capsys.readouterr().out
     assert "0 submitted" in said and f"2 still queued or running: num_lookahead=2 (job {FAKE_JOB}_0)" in said
 
-    # no result yet: --summarize names each point, its job and its log; point 4's job failed
-    JobPaths(out / "jobs", job_id=f"{FAKE_JOB}_1", task_id=0).result_pickle.write_bytes(
-        pickle.dumps(("error", "Traceback ...\nRuntimeError: sweep point num_lookahead=4: boom"))
-    )
+    # no result yet: --summarize names each point, its job and its log; point 4's job failed (submitit
+    # pickles the traceback, here of run_point's error, whose message ends with the fit log's tail)
+    crash = "sweep point num_lookahead=4: `lkv fit` exited with 1; log tail:"
+    trace = f"Traceback (most recent call last):\n  File x\nRuntimeError: {crash}\nCUDA out of memory."
+    failed = JobPaths(out / "jobs", job_id=f"{FAKE_JOB}_1", task_id=0)
+    failed.result_pickle.write_bytes(pickle.dumps(("error", trace)))
     with pytest.raises(SystemExit):
         lkv_main(["sweep", "--config", str(config), "--summarize", "true"])
     error = capsys.readouterr().err
     assert "2 of 2 points have no result.json" in error
     assert f"num_lookahead=2: job {FAKE_JOB}_0 has not ended" in error and records[0]["stderr"] in error
-    assert (
-        f"num_lookahead=4: job {FAKE_JOB}_1 failed (RuntimeError: sweep point num_lookahead=4: boom)" in error
-    )
+    assert f"num_lookahead=4: job {FAKE_JOB}_1 failed (RuntimeError: {crash}); log: {failed.stderr}" in error
     assert not (out / "summary.csv").exists()
 
     # one point finished: refused without --allow_partial, summarised with it (the other still listed)
