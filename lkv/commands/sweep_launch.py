@@ -99,7 +99,8 @@ def parse_launcher(section: dict[str, Any]) -> Launcher:
     if launcher.executor == "local" and (launcher.nodes != 1 or launcher.tasks != 1):
         raise ValueError(
             "launcher.executor: local runs one task on this machine (Lightning starts a point's DDP "
-            f"processes itself); found nodes={launcher.nodes}, tasks_per_node={launcher.tasks}"
+            f"processes itself); found nodes={launcher.nodes}, tasks_per_node={launcher.tasks} (set "
+            "nodes: 1, tasks_per_node: 1)"
         )
     return launcher
 
