@@ -147,17 +147,38 @@ def check_points_fit(launcher: Launcher, configs: dict[str, dict[str, Any]]) -> 
         return
     for name, config in configs.items():
         trainer = config.get("trainer") or {}
-        devices, num_nodes = trainer.get("devices", 1), trainer.get("num_nodes", 1)
-        if isinstance(devices, int) and devices != launcher.tasks:
+        devices, num_nodes = job_devices(trainer, launcher), trainer.get("num_nodes", 1)
+        if devices is not None and devices != launcher.tasks:
             raise ValueError(
                 f"launcher.tasks_per_node: {launcher.tasks} tasks per node, but point {name} has "
-                f"trainer.devices: {devices} (Lightning runs one DDP rank per SLURM task; set "
-                f"launcher.gpus_per_node/tasks_per_node to {devices})"
+                f"trainer.devices: {trainer.get('devices', 'auto')} ({devices} per node in this job; "
+                f"Lightning runs one DDP rank per SLURM task: set launcher.gpus_per_node/tasks_per_node "
+                f"to {devices} or trainer.devices to {launcher.tasks})"
             )
         if num_nodes != launcher.nodes:
             raise ValueError(
                 f"launcher.nodes: {launcher.nodes}, but point {name} has trainer.num_nodes: {num_nodes}"
             )
+
+
+def job_devices(trainer: dict[str, Any], launcher: Launcher) -> int | None:
+    """Devices per node that a trainer config asks for inside a job of ``launcher`` (None: cannot tell).
+
+    ``auto`` (and ``-1``) mean every GPU the job gives a task (``gpus_per_node``) unless the accelerator is
+    the CPU or the job has no GPU, then one process; a list or ``"0,1"`` counts its entries.
+    """
+    devices = trainer.get("devices", "auto")
+    on_gpu = str(trainer.get("accelerator", "auto")) != "cpu" and launcher.gpus_per_node > 0
+    if devices in ("auto", -1, "-1"):
+        return launcher.gpus_per_node if on_gpu else 1
+    if isinstance(devices, list | tuple):
+        return len(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    try:
+        return int(devices)
+    except (TypeError, ValueError):
+        return None
 
 
 def make_executor(launcher: Launcher, folder: Path) -> submitit.AutoExecutor:

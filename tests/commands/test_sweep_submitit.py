@@ -17,7 +17,7 @@ import yaml
 from submitit.core.utils import JobPaths
 
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep_launch import Launcher, parse_launcher
+from lkv.commands.sweep_launch import Launcher, job_devices, parse_launcher
 
 # Columns that measure wall time (of the fit and of the lookahead-vs-prefill timing): they differ between any
 # two runs. Every other column — the grid values and every metric — must match.
@@ -181,7 +181,12 @@ def test_slurm_parameters_reach_the_sbatch_script_and_summarize_names_the_missin
         ({"timeout_min": 0}, "launcher.timeout_min: expected a positive integer, found 0"),
         ({"slurm_args": ["--account=x"]}, "launcher.slurm_args: expected a mapping of sbatch flag"),
         ({"executor": "local", "gpus_per_node": 2}, "launcher.executor: local runs one task on this machine"),
-        ({"gpus_per_node": 8}, "launcher.tasks_per_node: 8 tasks per node, but point num_lookahead=2 has "),
+        # the tiny fit config runs on the CPU with trainer.devices: auto, i.e. one process per node
+        (
+            {"gpus_per_node": 8},
+            "launcher.tasks_per_node: 8 tasks per node, but point num_lookahead=2 has "
+            "trainer.devices: auto (1 per node in this job",
+        ),
         ({"nodes": 2}, "launcher.nodes: 2, but point num_lookahead=2 has trainer.num_nodes: 1"),
     ],
 )
@@ -194,6 +199,16 @@ def test_bad_launcher_settings_name_the_yaml_field(
     assert exit_info.value.code == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / "sweep" / "jobs").exists()  # nothing was submitted
+
+
+def test_job_devices_resolves_what_lightning_would_use_in_the_job():
+    job = Launcher(gpus_per_node=4)
+    assert job_devices({"accelerator": "gpu", "devices": "auto"}, job) == 4
+    assert job_devices({"devices": -1}, job) == 4
+    assert job_devices({"accelerator": "cpu", "devices": "auto"}, job) == 1
+    assert job_devices({"devices": "auto"}, Launcher()) == 1
+    assert job_devices({"devices": [0, 1]}, job) == 2 and job_devices({"devices": "0,1,2"}, job) == 3
+    assert job_devices({"devices": "8"}, job) == 8 and job_devices({"devices": 2}, job) == 2
 
 
 def test_launcher_defaults_one_task_per_gpu():
