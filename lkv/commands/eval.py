@@ -38,6 +38,7 @@ def evaluate(
     progress: bool = True,
     title: str | None = None,
     streamed: bool = False,
+    batch_size: int = 8,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -61,6 +62,9 @@ def evaluate(
         streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
             streamingllm, random, lookaheadkv): each (prompt, budget) gets its own prefill in which every layer is
             cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
+        batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
+            decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
+            at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).
     """
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
@@ -98,7 +102,7 @@ def evaluate(
         else:
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
-    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed)
+    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size)
     rows = evaluator.run(tasks)
     seconds = time.perf_counter() - start
     report = write_report(rows, out, title=title or out.name, methods=methods)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ from lkv.core.cache import cache_bytes
 from lkv.core.clock import clock
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
+from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request
 from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
@@ -153,6 +154,52 @@ def with_protected(scores: torch.Tensor, press: Press) -> torch.Tensor:
     return out
 
 
+@dataclass
+class _Unit:
+    """One (sample, setting) with rows to make, and what the runner computes for it on the way."""
+
+    sample: Sample
+    setting: str
+    context: list[int]
+    question: list[int]
+    todo: list[tuple[str, int | float | None]]
+    streams: set[str] = field(default_factory=set)
+    shared: Prefilled | None = None
+    full: dict[str, Any] | None = None
+    full_gen: Generation | None = None
+    scored: dict[str, ScoredPrompt] | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        """The tokens prefilled (and compressed): context + question when aware, the context when agnostic."""
+        return self.context + self.question if self.setting == "aware" else self.context
+
+    @property
+    def appended(self) -> list[int]:
+        """Tokens appended to the compressed cache: the question when agnostic, else none."""
+        return [] if self.setting == "aware" else self.question
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(max_new_tokens=self.sample.max_new_tokens, stop=tuple(self.sample.stop))
+
+    def full_done(self, gen: Generation) -> None:
+        self.full_gen = gen
+
+    def full_scored(self, scores: torch.Tensor | None = None, score_s: float = 0.0) -> ScoredPrompt:
+        """The shared prefill as a :class:`ScoredPrompt` with a method's ``scores`` (none: FullKV)."""
+        shared = self.shared
+        return ScoredPrompt(
+            shared.ids,
+            shared.cache,
+            shared.next_logits,
+            scores,
+            cache_bytes(shared.cache),
+            shared.seconds,
+            score_s,
+        )
+
+
 class Evaluator:
     """Runs benchmarks for a set of eviction methods on one model, appending rows to ``output/results.jsonl``.
 
@@ -168,6 +215,8 @@ class Evaluator:
         streamed: methods that can (:attr:`Press.streamable`) compress each (prompt, budget) with layer-streamed
             eviction (:mod:`lkv.eviction.streamed`: a prefill of their own per budget, one layer's full K/V at a
             time, the same answers); the others score the shared prefill.
+        batch_size: answers decoded together (:mod:`lkv.eval.batched_decode`), and (sample, setting) pairs
+            prefilled per chunk (their full caches are held together). 1 decodes one answer at a time.
     """
 
     def __init__(
@@ -180,7 +229,10 @@ class Evaluator:
         output: str | Path = "reports/eval",
         progress: bool = True,
         streamed: bool = False,
+        batch_size: int = 8,
     ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.budgets = list(budgets)
@@ -197,6 +249,7 @@ class Evaluator:
         self.results = ResultsFile(self.output / RESULTS_FILE)
         self.progress = progress
         self.streamed = streamed
+        self.batch_size = batch_size
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
         """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
@@ -220,68 +273,120 @@ class Evaluator:
         return todo
 
     def _end_task(self, task: Task) -> None:
-        samples = task.samples(self.tokenizer)
-        units = [(sample, setting) for sample in samples for setting in self.settings]
-        bar = tqdm(units, desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
-        for sample, setting in bar:
-            todo = self._pending(task.name, sample.id, setting)
-            if todo:
-                bar.set_postfix_str(f"{sample.id} {setting}")
-                self._run_sample(task, sample, setting, todo)
+        units = []
+        for sample in task.samples(self.tokenizer):
+            context, question = encode_sample(sample, self.tokenizer)
+            for setting in self.settings:
+                todo = self._pending(task.name, sample.id, setting)
+                if todo:
+                    units.append(_Unit(sample, setting, context, question, todo))
+        # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
+        units.sort(key=lambda unit: -len(unit.context) - len(unit.question))
+        bar = tqdm(total=len(units), desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
+        for start in range(0, len(units), self.batch_size):
+            chunk = units[start : start + self.batch_size]
+            bar.set_postfix_str(f"{chunk[0].sample.id} {chunk[0].setting}")
+            self._run_chunk(task, chunk)
+            bar.update(len(chunk))
+        bar.close()
 
-    def _run_sample(
-        self, task: Task, sample: Sample, setting: str, todo: list[tuple[str, int | float | None]]
-    ) -> None:
-        context, question = encode_sample(sample, self.tokenizer)
-        aware = setting == "aware"
-        appended = [] if aware else question
-        ids = torch.tensor([context + question if aware else context], device=self.full.device)
-        streams = {m for m, _ in todo if self.streamed and self.compressors[m].press.streamable}
-        scorers = {
-            m: self.compressors[m].press
-            for m, _ in todo
-            if m not in ("fullkv", "oracle") and m not in streams
-        }
-        shared = shared_prefill(self.model, ids, scorers)
-        full_scored = ScoredPrompt(
-            ids, shared.cache, shared.next_logits, None, cache_bytes(shared.cache), shared.seconds, 0.0
-        )
-        full = self.results.done.get((task.name, sample.id, "fullkv", FULL, setting))
-        if full is None:
-            gen = self._generate(self.full, full_scored, None, sample, appended)
-            full = self._row(task, sample, setting, "fullkv", None, gen, gen.text, 0.0)
-            if "fullkv" in self.methods:
-                self.results.add(full)
-        reference = full["prediction"]
-        scored: dict[str, ScoredPrompt] = {}
-        for method in dict.fromkeys(m for m, _ in todo if m != "fullkv" and m not in streams):
-            if method == "oracle":
-                start = clock(ids.device)
-                scores = answer_importance(
-                    self.model, shared.cache, ids.shape[1], appended, full["answer_ids"]
+    def _run_chunk(self, task: Task, units: list[_Unit]) -> None:
+        """Every pending row of ``units`` (up to ``batch_size`` (sample, setting) pairs): one shared prefill
+        each, the FullKV answers decoded together, then every other (method, budget) answer, batched where
+        the method's cache is fixed after eviction."""
+        batches = AnswerBatches(self.model, self.tokenizer, self.full.eos_token_ids, self.batch_size)
+        for unit in units:
+            ids = torch.tensor([unit.prompt], device=self.full.device)
+            unit.streams = {m for m, _ in unit.todo if self.streamed and self.compressors[m].press.streamable}
+            scorers = {
+                m: self.compressors[m].press
+                for m, _ in unit.todo
+                if m not in ("fullkv", "oracle") and m not in unit.streams
+            }
+            unit.shared = shared_prefill(self.model, ids, scorers)
+            unit.full = self.results.done.get((task.name, unit.sample.id, "fullkv", FULL, unit.setting))
+            if unit.full is None:
+                batches.add(
+                    self._request(self.full, unit.full_scored(), None, task, unit, False), unit.full_done
                 )
-                seconds = clock(ids.device) - start
+        batches.flush()  # the FullKV answers are the references and the Oracle's source
+        for unit in units:
+            if unit.full is None:
+                unit.full = self._row(
+                    task, unit.sample, unit.setting, "fullkv", None, unit.full_gen, unit.full_gen.text, 0.0
+                )
+                if "fullkv" in self.methods:
+                    self.results.add(unit.full)
+            self._score_methods(unit)
+            for method, budget in unit.todo:
+                if method == "fullkv":
+                    continue
+                if method in unit.streams:
+                    gen = self._generate_streamed(method, unit, budget)
+                    self.results.add(self._method_row(task, unit, method, budget, gen.eviction_s)(gen))
+                elif self.compressors[method].decode_policy is not None:  # the cache changes while decoding
+                    gen = self._generate(self.compressors[method], unit.scored[method], budget, unit)
+                    self.results.add(self._method_row(task, unit, method, budget)(gen))
+                else:
+                    request = self._request(self.compressors[method], unit.scored[method], budget, task, unit)
+                    batches.add(request, self._method_row(task, unit, method, budget, add=True), group=budget)
+            unit.shared = unit.scored = None  # the full cache is no longer needed
+        batches.flush()
+
+    def _score_methods(self, unit: _Unit) -> None:
+        """Each scored method's :class:`ScoredPrompt` of ``unit``'s shared prefill (the Oracle's from the
+        FullKV answer)."""
+        shared, unit.scored = unit.shared, {}
+        for method in dict.fromkeys(m for m, _ in unit.todo if m != "fullkv" and m not in unit.streams):
+            if method == "oracle":
+                start = clock(shared.ids.device)
+                scores = answer_importance(
+                    self.model, shared.cache, shared.prompt_len, unit.appended, unit.full["answer_ids"]
+                )
+                seconds = clock(shared.ids.device) - start
             else:
                 scores, seconds = self._press_scores(method, shared)
-            scored[method] = ScoredPrompt(
-                ids,
-                shared.cache,
-                shared.next_logits,
-                scores,
-                full_scored.kv_bytes_full,
-                shared.seconds,
-                seconds,
-            )
-        for method, budget in todo:
-            if method == "fullkv":
-                continue
-            if method in streams:
-                gen = self._generate_streamed(method, ids, budget, sample, appended)
-                score_s = gen.eviction_s
-            else:
-                gen = self._generate(self.compressors[method], scored[method], budget, sample, appended)
-                score_s = scored[method].score_s
-            self.results.add(self._row(task, sample, setting, method, budget, gen, reference, score_s))
+            unit.scored[method] = unit.full_scored(scores, seconds)
+
+    def _method_row(
+        self,
+        task: Task,
+        unit: _Unit,
+        method: str,
+        budget: int | float | None,
+        score_s: float | None = None,
+        add: bool = False,
+    ) -> Callable[[Generation], dict[str, Any]]:
+        """The result row of ``method``'s answer (``add``: also append it to the results file)."""
+        reference = unit.full["prediction"]
+        seconds = unit.scored[method].score_s if score_s is None else score_s
+
+        def row(gen: Generation) -> dict[str, Any]:
+            made = self._row(task, unit.sample, unit.setting, method, budget, gen, reference, seconds)
+            if add:
+                self.results.add(made)
+            return made
+
+        return row
+
+    def _request(
+        self,
+        compressor: Compressor,
+        scored: ScoredPrompt,
+        budget: int | float | None,
+        task: Task,
+        unit: _Unit,
+        settles: bool = True,
+    ) -> AnswerRequest:
+        """An answer to decode from ``scored`` evicted to ``budget``; it ends once the task's score is settled
+        (``settles`` and :attr:`Task.settles_at_full_score`)."""
+        settled = None
+        if settles and task.settles_at_full_score:
+            sample = unit.sample
+            settled = lambda text: task.score(text, sample)[task.metric] >= 1.0  # noqa: E731
+        return answer_request(
+            self.model, compressor.evict(scored, budget), unit.appended, unit.sampling, settled
+        )
 
     def _press_scores(self, method: str, shared: Prefilled) -> tuple[torch.Tensor, float]:
         """``method``'s ``(1, layers, kv_heads, S)`` scores of a shared prefill, and the seconds they took."""
@@ -298,28 +403,21 @@ class Evaluator:
         return scores, clock(shared.ids.device) - start
 
     def _generate(
-        self,
-        compressor: Compressor,
-        scored: ScoredPrompt,
-        budget: int | float | None,
-        sample: Sample,
-        appended: list[int],
+        self, compressor: Compressor, scored: ScoredPrompt, budget: int | float | None, unit: _Unit
     ) -> Generation:
+        """One answer at batch 1 through the Compressor (decode-time policies act on the cache as it grows)."""
         compressed = compressor.evict(scored, budget)
-        sampling = Sampling(max_new_tokens=sample.max_new_tokens, stop=tuple(sample.stop))
-        if appended:
-            return compressor.answer(compressed, appended, sampling)
-        return compressor.decode(compressed, sampling)
+        if unit.appended:
+            return compressor.answer(compressed, unit.appended, unit.sampling)
+        return compressor.decode(compressed, unit.sampling)
 
-    def _generate_streamed(
-        self, method: str, ids: torch.Tensor, budget: int | float, sample: Sample, appended: list[int]
-    ) -> Generation:
-        """Compress ``ids`` to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
+    def _generate_streamed(self, method: str, unit: _Unit, budget: int | float) -> Generation:
+        """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
         compressor = Compressor(
             self.model, self.tokenizer, self.compressors[method].press, budget, streamed=True
         )
-        sampling = Sampling(max_new_tokens=sample.max_new_tokens, stop=tuple(sample.stop))
-        return compressor.generate(ids, sampling, appended or None)
+        ids = torch.tensor([unit.prompt], device=self.full.device)
+        return compressor.generate(ids, unit.sampling, unit.appended or None)
 
     def _row(
         self,

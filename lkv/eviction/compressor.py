@@ -486,13 +486,7 @@ class Compressor:
             upkeep,
         )
         decode_s = clock(self.device) - start
-        text = "" if self.tokenizer is None else self.tokenizer.decode(tokens, skip_special_tokens=True)
-        if tokens[-1] in self.eos_token_ids:
-            reason = "eos"
-        elif stopper is not None and stopper(tokens):
-            reason, text = "stop", stopper.truncate(text)
-        else:
-            reason = "length"
+        text, reason = answer_text(self.tokenizer, tokens, self.eos_token_ids, stopper)
         return Generation(
             text=text,
             token_ids=tokens,
@@ -507,6 +501,22 @@ class Compressor:
             decode_s=decode_s,
             cache_lengths=list(upkeep.trace),
         )
+
+
+def answer_text(
+    tokenizer: PreTrainedTokenizerBase | None,
+    tokens: list[int],
+    eos_token_ids: Sequence[int],
+    stopper: StopStrings | None = None,
+) -> tuple[str, str]:
+    """``(text, finish_reason)`` of generated ``tokens``: special tokens skipped, the text cut before the first
+    stop string; the reason is ``eos``, ``stop`` (a stop string) or ``length``."""
+    text = "" if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
+    if tokens[-1] in eos_token_ids:
+        return text, "eos"
+    if stopper is not None and stopper(tokens):
+        return stopper.truncate(text), "stop"
+    return text, "length"
 
 
 @torch.no_grad()

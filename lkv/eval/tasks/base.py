@@ -84,6 +84,10 @@ class Task(Benchmark):
 
     #: True when the reference is the FullKV answer of the same sample and setting (fidelity tasks).
     needs_reference: bool = False
+    #: True when the main score can only grow as the answer grows and 1 is its maximum (a reference found
+    #: anywhere in the text: RULER's ``string_match_all``). Once an answer scores 1 no further token can change
+    #: its score, so ``lkv eval`` stops decoding it there instead of at ``max_new_tokens``.
+    settles_at_full_score: bool = False
 
     @abstractmethod
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:

@@ -33,6 +33,7 @@ class NeedleTask(GeneratedTask):
 
     name = "niah"
     metric = "string_match"
+    settles_at_full_score = True  # string_match_all: a found value stays found
 
     def __init__(
         self,

@@ -95,6 +95,7 @@ class NeedleFamilyTask(GeneratedTask):
     """
 
     metric = "string_match"
+    settles_at_full_score = True  # string_match_all: a found value stays found
 
     def __init__(
         self,

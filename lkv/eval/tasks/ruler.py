@@ -127,6 +127,7 @@ class RulerTask(GeneratedTask):
     """
 
     metric = "string_match"
+    settles_at_full_score = True  # string_match_all: a found value stays found
 
     def __init__(
         self,

@@ -1,0 +1,202 @@
+"""Decode many compressed prompts of ``lkv eval`` at once: the answers of several (sample, method, budget) rows.
+
+After eviction a prompt's cache is fixed for every method that acts at prefill only (FullKV, the Oracle,
+LookaheadKV, SnapKV, PyramidKV, StreamingLLM, H2O, TOVA, Random, LAQ, SpecKV): decoding it is a plain
+greedy loop, and rows of equal cache shape can share each forward pass. :class:`AnswerBatches` collects
+such answers (:class:`AnswerRequest`) and decodes them ``batch_size`` at a time with
+:func:`lkv.core.batched_generation.greedy_batch`:
+
+- caches whose layers all hold the same number of entries stack with left padding and an attention mask
+  (a budget ``C`` gives ``C`` entries; a prompt shorter than ``C``, FullKV, or an appended question give
+  other counts);
+- ragged caches (PyramidKV's per-layer budgets) stack only with caches of exactly the same layer lengths;
+- each row's new tokens continue from its *uncompressed* length (prompt + appended question), never from
+  its cache length, exactly as :func:`lkv.core.generation.decode` does at batch 1.
+
+A row stops at EOS, at ``max_new_tokens``, at a stop string, or, where the task allows it
+(:attr:`lkv.eval.tasks.Task.settles_at_full_score`), as soon as its answer scores 1. Methods whose cache
+changes while decoding (decode-time policies) keep the one-at-a-time path of the runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from lkv.core.batched_generation import greedy_batch, stack_caches, stack_layout
+from lkv.core.clock import clock
+from lkv.core.generation import Sampling, StopStrings
+from lkv.eviction.compressor import CompressedPrompt, Generation, answer_text, append_tokens
+
+Settled = Callable[[str], bool]
+
+
+@dataclass
+class AnswerRequest:
+    """One answer to decode from a compressed prompt.
+
+    Attributes:
+        compressed: the evicted prompt; its cache (``(1, kv_heads, C_l, head_dim)`` per layer, a copy this
+            request owns) already holds the appended question in the question-agnostic setting.
+        next_logits: ``(1, vocab)`` logits for the first answer token.
+        position: position id of the first answer token (uncompressed prompt + appended question).
+        question_s: seconds spent appending the question (0 when question-aware).
+        sampling: answer length and stop strings (greedy only).
+        settled: called with the answer text after each token; ``True`` means no further token can change the
+            task's score, so the answer ends there (``None``: decode to ``max_new_tokens``).
+    """
+
+    compressed: CompressedPrompt
+    next_logits: torch.Tensor
+    position: int
+    question_s: float
+    sampling: Sampling
+    settled: Settled | None = None
+
+
+@torch.no_grad()
+def answer_request(
+    model: PreTrainedModel,
+    compressed: CompressedPrompt,
+    appended: list[int],
+    sampling: Sampling,
+    settled: Settled | None = None,
+) -> AnswerRequest:
+    """The request for an answer to ``compressed`` (its cache is taken over and grows by ``appended``).
+
+    Args:
+        appended: question tokens to append after compression (question-agnostic setting), or ``[]``.
+    """
+    if sampling.temperature != 0:
+        raise ValueError("batched eval decoding is greedy; got a sampling temperature")
+    if not appended:
+        return AnswerRequest(
+            compressed, compressed.next_logits, compressed.prompt_len, 0.0, sampling, settled
+        )
+    device = compressed.next_logits.device
+    start = clock(device)
+    ids = torch.tensor([appended], device=device)
+    next_logits = append_tokens(model, compressed.cache, ids, compressed.prompt_len)
+    seconds = clock(device) - start
+    return AnswerRequest(
+        compressed, next_logits, compressed.prompt_len + len(appended), seconds, sampling, settled
+    )
+
+
+Done = Callable[[Generation], None]
+
+
+class AnswerBatches:
+    """Collects :class:`AnswerRequest` s and decodes them in batches of up to ``batch_size`` rows.
+
+    A batch is decoded as soon as ``batch_size`` requests of one stackable layout are waiting, so at most
+    one partial batch per layout is held; :meth:`flush` decodes the rest. Each request's ``done`` callback
+    gets its :class:`~lkv.eviction.compressor.Generation` (``decode_s``: the row's share of each step).
+
+    Args:
+        model: the model every cache belongs to.
+        tokenizer: decodes answers and checks stop strings.
+        eos_token_ids: tokens that end an answer.
+        batch_size: rows per forward pass (1: one answer at a time, as :meth:`Compressor.decode` does).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        eos_token_ids: list[int],
+        batch_size: int,
+    ) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.batch_size = batch_size
+        self.waiting: dict[tuple[Hashable, tuple[int, ...] | None], list[tuple[AnswerRequest, Done]]] = {}
+
+    def add(self, request: AnswerRequest, done: Done, group: Hashable = None) -> None:
+        """Queue ``request``; ``done(generation)`` is called once it is decoded.
+
+        Args:
+            group: requests of different groups never share a batch (e.g. the budget: caches of one budget
+                have one length, so a batch of them needs no padding).
+        """
+        group = self.waiting.setdefault((group, stack_layout(request.compressed.cache)), [])
+        group.append((request, done))
+        if len(group) >= self.batch_size:
+            self._decode(group)
+            group.clear()
+
+    def flush(self) -> None:
+        """Decode every waiting request (longest caches first, so similar lengths share a batch)."""
+        for group in self.waiting.values():
+            group.sort(key=lambda item: -item[0].compressed.cache.layers[0].keys.shape[2])
+            for start in range(0, len(group), self.batch_size):
+                self._decode(group[start : start + self.batch_size])
+        self.waiting.clear()
+
+    def _decode(self, batch: list[tuple[AnswerRequest, Done]]) -> None:
+        requests = [request for request, _ in batch]
+        stoppers = [
+            StopStrings(self.tokenizer, r.sampling.stop) if r.sampling.stop else None for r in requests
+        ]
+        padded = stack_caches(
+            [r.compressed.cache for r in requests],
+            [r.next_logits for r in requests],
+            [r.position for r in requests],
+        )
+        kept = [r.compressed.kept_per_layer for r in requests]
+        for request in requests:  # the stacked copy holds the entries now: free the row's own
+            request.compressed.cache = None
+        rules = [self._rule(r, s) for r, s in zip(requests, stoppers, strict=True)]
+        limits = [r.sampling.max_new_tokens for r in requests]
+        for finished in greedy_batch(
+            self.model, padded, limits, self.eos_token_ids, rules, keep_prompt=False
+        ):
+            request, done = batch[finished.row]
+            row = finished.row
+            done(self._generation(request, kept[row], stoppers[row], finished.tokens, finished.seconds))
+
+    def _rule(
+        self, request: AnswerRequest, stopper: StopStrings | None
+    ) -> Callable[[list[int]], bool] | None:
+        if request.settled is None:
+            return stopper
+        settled = request.settled
+
+        def rule(tokens: list[int]) -> bool:
+            if stopper is not None and stopper(tokens):
+                return True
+            return settled(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+        return rule
+
+    def _generation(
+        self,
+        request: AnswerRequest,
+        kept_per_layer: list[int],
+        stopper: StopStrings | None,
+        tokens: list[int],
+        seconds: float,
+    ) -> Generation:
+        text, reason = answer_text(self.tokenizer, tokens, self.eos_token_ids, stopper)
+        if reason == "length" and request.settled is not None and request.settled(text):
+            reason = "answered"  # the task's score can no longer change (it may coincide with the limit)
+        compressed = request.compressed
+        return Generation(
+            text=text,
+            token_ids=tokens,
+            finish_reason=reason,
+            prompt_tokens=request.position,
+            kept_per_layer=kept_per_layer,
+            kv_bytes_full=compressed.kv_bytes_full,
+            kv_bytes_kept=compressed.kv_bytes_kept,
+            prefill_s=compressed.prefill_s,
+            eviction_s=compressed.eviction_s,
+            question_s=request.question_s,
+            decode_s=seconds,
+        )
