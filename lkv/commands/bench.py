@@ -70,10 +70,12 @@ def bench(
             (a streamable one: lookaheadkv, snapkv, pyramidkv, tova, h2o, streamingllm, random).
         num_layers: decoder layers of a ``random:`` model (each of the published shape), so that a large
             architecture fits a small machine; default: the published count.
-        batch_sizes: label benchmark at these batch sizes (e.g. ``[1,4,8,16]``): ``lkv label --batch_size``'s
-            labeller on the same prompts at each, prompts/s side by side (instead of label_prompt vs
-            generate + forward).
-        label_prompts: prompts each batch-size variant labels (default: the largest batch size).
+        batch_sizes: label and decode benchmarks at these batch sizes (e.g. ``[1,4,8,16]``): ``lkv label
+            --batch_size``'s labeller on the same prompts at each, prompts/s side by side (instead of
+            label_prompt vs generate + forward); ``lkv eval --batch_size``'s decoding of the same
+            SnapKV-compressed answers at each, tokens/s side by side (instead of full vs compressed).
+        label_prompts: prompts (answers) each batch-size variant labels (decodes); default: the largest
+            batch size.
         label_length_spread: those prompts' lengths spread evenly over ``[(1 - spread) · S, S]``.
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.

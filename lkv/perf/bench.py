@@ -22,7 +22,9 @@ after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting me
     With ``batch_sizes`` instead: :func:`lkv.labels.batched.label_batch` on the same prompts at each batch
     size (:mod:`lkv.perf.label_batches`): prompts/s, speed-up over batch 1, padding and peak memory.
 ``decode``
-    seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one.
+    seconds per decoded token and K/V bytes with the full cache vs a SnapKV-compressed one. With
+    ``batch_sizes`` instead: the same SnapKV-compressed answers decoded ``B`` at a time, as ``lkv eval
+    --batch_size B`` does (:mod:`lkv.perf.eval_decode`): tokens/s and speed-up over the smallest batch.
 ``prefill-memory``
     peak memory and seconds of prefill + eviction (:meth:`~lkv.eviction.compressor.Compressor.compress`) with the
     ``stream_method`` (default LookaheadKV, a randomly initialised module), ``two-phase`` vs layer-``streamed``
@@ -115,7 +117,7 @@ class BenchSettings:
 
     def reference(self, which: str) -> str:
         """The variant ``which``'s others are compared with."""
-        if which == "label" and self.batch_sizes:
+        if which in ("label", "decode") and self.batch_sizes:
             return f"{BATCH_PREFIX}{min(self.batch_sizes)}"
         return REFERENCE[which]
 
@@ -130,7 +132,11 @@ class BenchSettings:
                 if self.batch_sizes
                 else ["label_prompt", "generate+forward"]
             ),
-            "decode": ["full", "compressed"],
+            "decode": (
+                [f"{BATCH_PREFIX}{size}" for size in self.batch_sizes]
+                if self.batch_sizes
+                else ["full", "compressed"]
+            ),
             "prefill-memory": ["two-phase", "streamed"],
         }[which]
 
@@ -313,6 +319,8 @@ class Workbench:
         from lkv.eviction.compressor import Compressor
 
         ids, steps = self.prompt(length), self.settings.decode_tokens
+        if variant.startswith(BATCH_PREFIX):
+            return self._decode_batches(int(variant.removeprefix(BATCH_PREFIX)), length)
         if variant == "full":
             source, logits = prefill(self.model, ids)
         else:
@@ -335,6 +343,18 @@ class Workbench:
 
         entries = sum(layer.get_seq_length() for layer in source.layers)
         return Case(run=run, reset=reset, info={"kv_bytes": cache_bytes(source), "kv_entries": entries})
+
+    def _decode_batches(self, batch_size: int, length: int) -> Case:
+        from lkv.eviction.compressor import Compressor
+        from lkv.perf.eval_decode import decode_batches_case
+
+        s = self.settings
+        if s.budget >= length:
+            raise ValueError(f"decode: budget {s.budget} must be below the prompt length {length}")
+        compressor = Compressor(self.model, None, self.press("snapkv"), s.budget)
+        count = s.label_prompts or max(s.batch_sizes)
+        prompts = [compressor.compress(self.prompt(length + i)[:, :length]) for i in range(count)]
+        return decode_batches_case(self.model, prompts, batch_size, s.decode_tokens)
 
     def _prefill_memory(self, variant: str, length: int) -> Case:
         from lkv.eviction.compressor import Compressor
@@ -462,6 +482,13 @@ def derive(which: str, settings: BenchSettings, lengths: dict[int, dict[str, Any
                         d[variant]["speedup"] = base["median_s"] / entry["median_s"]
         elif which == "label" and ok(v["label_prompt"], v["generate+forward"]):
             d["ratio"] = v["label_prompt"]["median_s"] / v["generate+forward"]["median_s"]
+        elif which == "decode" and settings.batch_sizes:
+            base = v[settings.reference(which)]
+            for variant, entry in v.items():
+                if ok(entry):
+                    d[variant] = {"tokens_per_s": entry["tokens"] / entry["median_s"]}
+                    if ok(base):
+                        d[variant]["speedup"] = base["median_s"] / entry["median_s"]
         elif which == "decode" and ok(v["full"], v["compressed"]):
             steps = settings.decode_tokens
             d["full_s_per_token"] = v["full"]["median_s"] / steps
@@ -629,6 +656,23 @@ def markdown(which: str, result: dict[str, Any]) -> str:
                     _fmt(get(length, "streamed", "kv_formula_bytes"), MIB, 1),
                 ]
             )
+        elif which == "decode" and result["settings"]["batch_sizes"]:
+            head = ["S", "batch", "answers", "tokens", "s", "tokens/s", "speed-up"]
+            for variant, entry in lengths[length].items():
+                if "median_s" not in entry:
+                    continue
+                figures = d.get(variant, {})
+                rows.append(
+                    [
+                        length,
+                        entry["batch_size"],
+                        entry["answers"],
+                        entry["tokens"],
+                        _fmt(entry["median_s"], digits=2),
+                        _fmt(figures.get("tokens_per_s"), digits=2),
+                        _ratio(figures.get("speedup")),
+                    ]
+                )
         else:
             head = [
                 "S",
