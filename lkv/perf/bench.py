@@ -152,6 +152,7 @@ class Workbench:
         training step runs: a copy of an 8B-wide model costs gigabytes)."""
         self.settings = settings
         self.share_model = share_model
+        self._compressed: dict[int, list] = {}  # decode --batch_sizes: the compressed answers per length
         if model is not None:
             self.__dict__["model"] = model
 
@@ -351,10 +352,14 @@ class Workbench:
         s = self.settings
         if s.budget >= length:
             raise ValueError(f"decode: budget {s.budget} must be below the prompt length {length}")
-        compressor = Compressor(self.model, None, self.press("snapkv"), s.budget)
-        count = s.label_prompts or max(s.batch_sizes)
-        prompts = [compressor.compress(self.prompt(length + i)[:, :length]) for i in range(count)]
-        return decode_batches_case(self.model, prompts, batch_size, s.decode_tokens)
+        if length not in self._compressed:  # every batch size decodes the same answers: compress them once
+            compressor = Compressor(self.model, None, self.press("snapkv"), s.budget)
+            count = s.label_prompts or max(s.batch_sizes)
+            # distinct seeded prompts of one length (the i-th: the first `length` ids of prompt(length + i))
+            self._compressed[length] = [
+                compressor.compress(self.prompt(length + i)[:, :length]) for i in range(count)
+            ]
+        return decode_batches_case(self.model, self._compressed[length], batch_size, s.decode_tokens)
 
     def _prefill_memory(self, variant: str, length: int) -> Case:
         from lkv.eviction.compressor import Compressor
