@@ -196,7 +196,7 @@ def demo(
     from lkv.commands.export import export
     from lkv.commands.label import label
     from lkv.eval.report import write_report
-    from lkv.eval.runner import RESULTS_FILE, RUN_FILE, ResultsFile
+    from lkv.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile
     from lkv.model import assets
     from lkv.train.cli import lightning_main
 

@@ -7,14 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from lkv.eval.report import write_report
-from lkv.eval.runner import (
-    RESULTS_FILE,
-    SETTINGS,
-    Evaluator,
-    Setting,
-    check_run,
-    fingerprint,
-)
+from lkv.eval.results import RESULTS_FILE, check_run, fingerprint
+from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import OraclePress, Press

@@ -18,15 +18,13 @@ compressed cache. The tokens are identical, so the settings differ only in when 
 Output folder::
 
     results.jsonl    one row per (task, sample, method, budget, setting), appended and flushed as it is made;
-                     a rerun skips finished rows
+                     a rerun skips finished rows (:mod:`lkv.eval.results`)
     run.json         model, adapter fingerprint and method settings; a rerun with other ones is refused
     summary.csv, report.md, plots/*.png, tensorboard/   (see :mod:`lkv.eval.report`)
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request
 from lkv.eval.cells import FULL, NO_BUDGET
+from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
@@ -52,8 +51,6 @@ from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
 Setting = Literal["aware", "agnostic"]
-RESULTS_FILE = "results.jsonl"
-RUN_FILE = "run.json"
 
 
 def budget_key(method: str, budget: int | float | None) -> str:
@@ -61,35 +58,6 @@ def budget_key(method: str, budget: int | float | None) -> str:
     if method == "fullkv":
         return FULL
     return NO_BUDGET if budget is None else str(budget)
-
-
-def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
-    return (row["task"], row["sample"], row["method"], row["budget"], row["setting"])
-
-
-class ResultsFile:
-    """Append-only JSONL of result rows; rows already present are reported done (resume)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: list[dict[str, Any]] = []
-        if path.exists():
-            with path.open(encoding="utf-8") as lines:
-                for number, line in enumerate(lines, start=1):
-                    try:
-                        self.rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        # Only a run killed mid-write leaves a broken line, and only as the last one.
-                        print(f"lkv eval: ignoring unreadable line {number} of {path} (interrupted write)")
-        self.done = {row_key(row): row for row in self.rows}
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-        self.rows.append(row)
-        self.done[row_key(row)] = row
 
 
 @dataclass
@@ -494,35 +462,3 @@ class Evaluator:
                         "meta": {},
                     }
                 )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Resuming a run
-
-
-def fingerprint(path: str | Path) -> str:
-    """sha256 (first 16 hex digits) of a file, or of a folder's files in name order."""
-    path = Path(path)
-    digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for file in files:
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def check_run(output: Path, info: dict[str, Any]) -> None:
-    """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings."""
-    path = output / RUN_FILE
-    if path.exists():
-        previous = json.loads(path.read_text())
-        differing = sorted(k for k in info if previous.get(k) != info[k])
-        if differing:
-            raise ValueError(
-                f"{output} holds results of another run (differs in: {', '.join(differing)}: "
-                f"{ {k: previous.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
-                "use another --output or delete the folder"
-            )
-        return
-    output.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(info, indent=2, sort_keys=True))

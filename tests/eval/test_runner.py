@@ -10,7 +10,8 @@ import lkv.commands.eval
 import lkv.eval.runner
 from lkv.core.generation import Sampling, eos_ids
 from lkv.core.metrics import kendall_tau_b, topk_recall
-from lkv.eval.runner import Evaluator, answer_importance, check_run, shared_prefill, with_protected
+from lkv.eval.results import check_run
+from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress, PressContext

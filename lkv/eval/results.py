@@ -1,0 +1,69 @@
+"""The result files of an ``lkv eval`` folder: ``results.jsonl`` (appended row by row, so a rerun resumes)
+and ``run.json`` (what made the rows, so a rerun with another model or settings is refused)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    return (row["task"], row["sample"], row["method"], row["budget"], row["setting"])
+
+
+class ResultsFile:
+    """Append-only JSONL of result rows; rows already present are reported done (resume)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        if path.exists():
+            with path.open(encoding="utf-8") as lines:
+                for number, line in enumerate(lines, start=1):
+                    try:
+                        self.rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        # Only a run killed mid-write leaves a broken line, and only as the last one.
+                        print(f"lkv eval: ignoring unreadable line {number} of {path} (interrupted write)")
+        self.done = {row_key(row): row for row in self.rows}
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+        self.rows.append(row)
+        self.done[row_key(row)] = row
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 (first 16 hex digits) of a file, or of a folder's files in name order."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def check_run(output: Path, info: dict[str, Any]) -> None:
+    """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings."""
+    path = output / RUN_FILE
+    if path.exists():
+        previous = json.loads(path.read_text())
+        differing = sorted(k for k in info if previous.get(k) != info[k])
+        if differing:
+            raise ValueError(
+                f"{output} holds results of another run (differs in: {', '.join(differing)}: "
+                f"{ {k: previous.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
+                "use another --output or delete the folder"
+            )
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info, indent=2, sort_keys=True))
