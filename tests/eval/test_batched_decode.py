@@ -21,7 +21,7 @@ from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress
 from lkv.eviction.registry import make_method
 from tests.conftest import FAMILIES
-from tests.eviction.test_presses import build_press
+from tests.eviction.conftest import build_press
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 # Prompts of 206-305 context tokens (+ a ~120-token question): at C = 250 the shorter agnostic contexts are
