@@ -7,9 +7,10 @@ TOVA's last query, H2O's every query; identical ones shared) rides on that one f
 scores the same cache, and each (method, budget) then only evicts a copy and decodes. Up to ``batch_size``
 (sample, setting) pairs go through together: their answers are decoded in batches wherever the method's cache
 is fixed after eviction (:mod:`lkv.eval.batched_decode`), and an answer of a string-match task stops once its
-score is settled (:attr:`~lkv.eval.tasks.Task.settles_at_full_score`). The FullKV answer is decoded first: it is the FullKV result, the reference of fidelity tasks, and the source of the Oracle's
-scores — the attention its own answer tokens pay to the prompt (teacher-forced on the full cache, after the
-question in the question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actually given.
+score is settled (:attr:`~lkv.eval.tasks.Task.settles_at_full_score`). The FullKV answer is decoded first: it
+is the FullKV result, the reference of fidelity tasks, and the source of the Oracle's scores — the attention
+its own answer tokens pay to the prompt (teacher-forced on the full cache, after the question in the
+question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actually given.
 
 Settings (see :mod:`lkv.eval.tasks.base`): ``aware`` prefills context + question and compresses it all
 (the paper's protocol); ``agnostic`` compresses the context alone, then appends the question to the
