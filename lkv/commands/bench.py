@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lkv.perf.bench import BENCHMARKS, BenchSettings, run_benchmarks
+from lkv.perf.bench import BENCHMARKS, run_benchmarks
+from lkv.perf.workbench import BenchSettings
 
 
 def bench(

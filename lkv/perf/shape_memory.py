@@ -29,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lkv.perf.suites.train_step import TrainStep
+
 MIB = 2**20
 GIB = 2**30
 
@@ -77,7 +79,7 @@ class LiveTensorBytes(TorchDispatchMode):
 
 
 def step_peak_bytes(bench: Any, length: int) -> int:
-    """Peak bytes alive during one two-phase training step of ``bench`` (a :class:`lkv.perf.bench.Workbench`).
+    """Peak bytes alive during one two-phase training step of ``bench`` (a :class:`lkv.perf.workbench.Workbench`).
 
     The model and the lookahead module are real (built before); the prompt, the labels and everything the
     step makes are fake, so the step costs no arithmetic.
@@ -88,7 +90,7 @@ def step_peak_bytes(bench: Any, length: int) -> int:
     # the fake twins the mode will use for the weights (it memoises them): weights are not the step's memory
     tracker.ignore([fake_mode.from_tensor(t) for t in (*module.parameters(), *module.buffers())])
     with fake_mode:
-        case = bench.case("train-step", "two-phase", length)
+        case = TrainStep().case(bench, "two-phase", length)
         case.reset()
         with tracker:
             case.run()
@@ -106,9 +108,9 @@ def measure(
     """Peak step memory at 1 and 2 decoder layers per prompt length, and the full-depth per-GPU estimate.
 
     Args:
-        settings: a :class:`lkv.perf.bench.BenchSettings` whose ``model`` is ``random:<architecture>``.
+        settings: a :class:`lkv.perf.workbench.BenchSettings` whose ``model`` is ``random:<architecture>``.
         lengths: prompt lengths S in tokens.
-        workbench: builds the :class:`lkv.perf.bench.Workbench` that runs the step on a given model (with
+        workbench: builds the :class:`lkv.perf.workbench.Workbench` that runs the step on a given model (with
             the lookahead module injected into that model itself: a copy of an 8B-wide model costs GiBs).
         gpu_gib: memory of one GPU, for the headroom column.
 

@@ -17,11 +17,13 @@ from peft.tuners.lora import LoraLayer
 import lkv.perf.naive_step
 from lkv.cli import main
 from lkv.model.lookahead import LookaheadAdapter
-from lkv.perf.bench import BenchSettings, Workbench, run_benchmarks
+from lkv.perf.bench import build_case, run_benchmarks
 from lkv.perf.memory import subprocess_peak_bytes
 from lkv.perf.models import ARCHITECTURES, random_model
 from lkv.perf.naive_step import naive_loss
+from lkv.perf.suites import SUITES
 from lkv.perf.timing import Case, linear_fit, time_interleaved
+from lkv.perf.workbench import BenchSettings, Workbench
 from lkv.train.module import LookaheadKVModule
 
 TINY = {
@@ -189,8 +191,8 @@ def test_memory_of_the_naive_step_exceeds_the_two_phase_step():
 
 def test_eager_naive_step_stops_at_its_length_limit():
     settings = BenchSettings(**TINY, eager_max_length=256)
-    assert settings.variants("train-step", 256) == ["two-phase", "naive", "naive-eager"]
-    assert settings.variants("train-step", 512) == ["two-phase", "naive"]
+    assert SUITES["train-step"].variants(settings, 256) == ["two-phase", "naive", "naive-eager"]
+    assert SUITES["train-step"].variants(settings, 512) == ["two-phase", "naive"]
 
 
 def test_cli_selection_lengths_and_json(tmp_path, capsys):
@@ -222,7 +224,7 @@ def test_cli_selection_lengths_and_json(tmp_path, capsys):
     with pytest.raises(ValueError, match="does not select"):
         run_benchmarks(["decode"], BenchSettings(**TINY), {"ttft": [32]})
     with pytest.raises(ValueError, match="below the prompt length"):
-        Workbench(BenchSettings(**TINY)).case("decode", "compressed", 16)
+        build_case(Workbench(BenchSettings(**TINY)), "decode", "compressed", 16)
 
 
 def test_streamed_prefill_needs_less_memory_than_two_phase(capsys):
@@ -237,7 +239,7 @@ def test_streamed_prefill_needs_less_memory_than_two_phase(capsys):
     assert derived["memory_ratio"] > 1.3 and derived["saved_bytes"] > 0.5 * derived["formula_saved_bytes"]
     assert "| 2048 |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="no layer-streamed eviction"):
-        Workbench(BenchSettings(**TINY, stream_method="laq")).case("prefill-memory", "streamed", 64)
+        build_case(Workbench(BenchSettings(**TINY, stream_method="laq")), "prefill-memory", "streamed", 64)
     with pytest.raises(ValueError, match="random:<architecture> models only"):
         Workbench(BenchSettings(model="smollm2-135m", num_layers=2)).model  # noqa: B018
 

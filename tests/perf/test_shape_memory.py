@@ -2,8 +2,9 @@
 
 import torch
 
-from lkv.perf.bench import BenchSettings, Workbench, run_benchmarks
+from lkv.perf.bench import build_case, run_benchmarks
 from lkv.perf.shape_memory import LiveTensorBytes, step_peak_bytes
+from lkv.perf.workbench import BenchSettings, Workbench
 
 MIB = 2**20
 
@@ -30,7 +31,7 @@ def test_fake_step_counts_what_the_real_step_allocates():
     module = bench.training_module
     tracker = LiveTensorBytes()
     tracker.ignore([*module.parameters(), *module.buffers()])
-    case = bench.case("train-step", "two-phase", 96)
+    case = build_case(bench, "train-step", "two-phase", 96)
     case.reset()
     with tracker:
         case.run()
