@@ -26,6 +26,7 @@ from transformers import (
 
 import lkv.train.module
 from lkv.core.generation import eos_ids
+from lkv.eval.tasks import NeedleTask
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
@@ -290,3 +291,13 @@ def fit(
     data = LabelDataModule(train=str(folders[train]), val=str(folders["val"]))
     trainer.fit(module, data, ckpt_path=ckpt_path)
     return trainer, module, counter
+
+
+# the held-out share that puts two of tiny_corpus's four essays (beta, gamma) on the held-out side
+TINY_HELDOUT = 0.5
+
+
+def tiny_needle_task(corpus: tuple[Path, Path], **kwargs) -> NeedleTask:
+    """A 60-token needle task over ``tiny_corpus``'s held-out essays; ``kwargs`` override its settings."""
+    settings = {"lengths": (60,), "depths": (0.5,), "max_new_tokens": 3, "essays_dir": str(corpus[0])}
+    return NeedleTask(heldout_fraction=TINY_HELDOUT, **{**settings, **kwargs})

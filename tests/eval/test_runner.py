@@ -19,14 +19,7 @@ from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
-from tests.conftest import make_label_folder
-
-FRACTION = 0.5  # four tiny essays: beta and gamma held out
-
-
-def needle(corpus, **kwargs) -> NeedleTask:
-    settings = {"lengths": (60,), "depths": (0.5,), "max_new_tokens": 3, "essays_dir": str(corpus[0])}
-    return NeedleTask(heldout_fraction=FRACTION, **{**settings, **kwargs})
+from tests.conftest import make_label_folder, tiny_needle_task
 
 
 def read_rows(folder) -> list[dict]:
@@ -40,7 +33,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     presses = {"snapkv": make_method("snapkv", window=4), "tova": make_method("tova")}
     out = tmp_path / "eval"
     rows = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
-        [needle(tiny_corpus)]
+        [tiny_needle_task(tiny_corpus)]
     )
     assert len(rows) == 2 * 2 * 2  # methods × budgets × settings, one sample (FullKV runs but is not listed)
     keys = {(r["method"], r["budget"], r["setting"]) for r in read_rows(out)}
@@ -75,7 +68,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
 
     monkeypatch.setattr(lkv.eval.runner, "shared_prefill", refuse)
     again = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False)
-    assert len(again.run([needle(tiny_corpus)])) == 8
+    assert len(again.run([tiny_needle_task(tiny_corpus)])) == 8
     monkeypatch.undo()
 
     # Lose the last two rows and a half-written line (a killed run): exactly those rows are redone.
@@ -86,7 +79,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
         lkv.eval.runner, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
     )
     redone = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
-        [needle(tiny_corpus)]
+        [tiny_needle_task(tiny_corpus)]
     )
     assert len(calls) == 1  # one (sample, setting) had missing rows
     assert [r["prediction"] for r in redone[-2:]] == [json.loads(line)["prediction"] for line in lines[-2:]]
@@ -124,7 +117,7 @@ def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_
         "scissorhands": make_method("scissorhands", history=4, every=2),
         "quest": make_method("quest", page_size=4),
     }
-    task = needle(tiny_corpus, max_new_tokens=4)
+    task = tiny_needle_task(tiny_corpus, max_new_tokens=4)
     rows = Evaluator(model, tokenizer, presses, [12], [setting], tmp_path, progress=False).run([task])
     (sample,) = task.samples(tokenizer)
     context, question = encode_sample(sample, tokenizer)
@@ -153,7 +146,7 @@ def test_fullkv_and_oracle_rows_and_agreement(tiny_llama, tiny_corpus, tmp_path)
     model, tokenizer = tiny_llama
     presses = {"fullkv": FullKVPress(), "oracle": OraclePress(), "random": make_method("random")}
     rows = Evaluator(model, tokenizer, presses, [8], ["agnostic"], tmp_path, progress=False).run(
-        [needle(tiny_corpus)]
+        [tiny_needle_task(tiny_corpus)]
     )
     by_method = {r["method"]: r for r in rows}
     assert by_method["fullkv"]["budget"] == "full" and by_method["fullkv"]["kv_fraction"] == 1.0

@@ -8,7 +8,7 @@ from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
-from tests.conftest import FAMILIES, build_tiny_model
+from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
 
 STREAMED = ["snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
@@ -109,7 +109,6 @@ def test_streamed_cache_never_holds_two_full_layers(tiny_llama):
 
 def test_eval_streamed_gives_the_same_rows(tiny_llama, tiny_corpus, tmp_path):
     from lkv.eval.runner import Evaluator
-    from tests.eval.test_runner import needle
 
     model, tokenizer = tiny_llama
     presses = {"snapkv": make_method("snapkv", window=4), "laq": make_method("laq", **SETTINGS["laq"])}
@@ -123,7 +122,7 @@ def test_eval_streamed_gives_the_same_rows(tiny_llama, tiny_corpus, tmp_path):
             tmp_path / str(streamed),
             False,
             streamed,
-        ).run([needle(tiny_corpus)])
+        ).run([tiny_needle_task(tiny_corpus)])
         for streamed in (False, True)
     }
     fields = ("method", "budget", "setting", "answer_ids", "kept_tokens", "kv_fraction")
