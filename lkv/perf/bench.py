@@ -1,7 +1,7 @@
 """``lkv bench``: side-by-side speed and memory of lkv's hot paths against their baselines.
 
 Sub-benchmarks (``--which``), each measuring all its variants in one process, interleaved, ``repeats`` times
-after ``warmup`` rounds (:func:`lkv.perf.timing.time_interleaved`), reporting medians and ratios:
+after ``warmup`` rounds (:func:`lkv.core.timing.time_interleaved`), reporting medians and ratios:
 
 ``train-step``
     the two-phase step of :mod:`lkv.train.module` (``LookaheadKVModule.training_step`` + backward) vs the naive
@@ -54,12 +54,13 @@ from transformers import PreTrainedModel
 
 from lkv.core.cache import cache_bytes
 from lkv.core.generation import decode, prefill
+from lkv.core.timing import Case, Timings, time_interleaved
 from lkv.eviction.presses import LookaheadKVPress, Press
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import peak_kv_bytes
 from lkv.perf.memory import cuda_peak_bytes, subprocess_peak_bytes
 from lkv.perf.models import load_model
-from lkv.perf.timing import Case, Timings, linear_fit, time_interleaved
+from lkv.perf.timing import linear_fit
 
 DEFAULT_LENGTHS: dict[str, tuple[int, ...]] = {
     "train-step": (1024, 2048, 4096),

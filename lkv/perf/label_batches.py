@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from lkv.core.timing import Case
 from lkv.labels.batched import label_batch, length_batches
-from lkv.perf.timing import Case
 
 
 def spread_lengths(length: int, count: int, spread: float) -> list[int]:
