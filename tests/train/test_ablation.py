@@ -6,6 +6,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -219,3 +220,28 @@ def test_tensorboard_export_and_summary(tiny_backbone, label_folders, tmp_path, 
                 want = point.adapter.predict(prefill(point.adapter.model, ids)[0], 40)
                 got = press.adapter.predict(prefill(model, ids)[0], 40)
             torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_the_shipped_ablation_runs_the_sweeps_grid_and_recipe():
+    root = Path(__file__).resolve().parents[2]
+    config = yaml.safe_load((root / "configs/ablations/lookahead_targets_smollm2.yaml").read_text())
+    sweep = yaml.safe_load((root / "configs/sweeps/lookahead_targets_smollm2.yaml").read_text())
+    base = yaml.safe_load((root / sweep["base"]).read_text())
+    (callback,) = [c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("LookaheadAblation")]
+    args = callback["init_args"]
+    assert {f"model.{k}": v for k, v in args["grid"].items()} == sweep["grid"]
+    assert (args["score"], args["overhead_tokens"], args["overhead_repeats"]) == (
+        sweep["score"],
+        sweep["overhead_tokens"],
+        sweep["overhead_repeats"],
+    )
+    for key, value in sweep["overrides"].items():
+        section, name = key.split(".")
+        assert config[section][name] == value, key
+    # everything else is the base recipe
+    assert {k: v for k, v in config["model"].items() if k != "warmup_steps"} == {
+        k: v for k, v in base["model"].items() if k != "warmup_steps"
+    }
+    assert config["data"] == base["data"]
+    # the callback instantiates from its YAML arguments (no model is loaded)
+    assert len(LookaheadAblation(**args).values) == 12
