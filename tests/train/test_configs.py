@@ -129,7 +129,7 @@ def header_label_commands(path: Path) -> list[list[str]]:
 
 
 # the embedded default's recipes (smollm2_135m.yaml and the ablations on it) share its header's labels
-PAPER_CONFIGS = [p for p in CONFIGS if yaml.safe_load(p.read_text())["model"]["model"] != "smollm2-135m"]
+PAPER_CONFIGS = [p for p in CONFIGS if own_settings(p).get("model.model") != "smollm2-135m"]
 
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
