@@ -19,9 +19,8 @@ from lkv.train.ablation import LookaheadAblation
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.grid import grid_points, point_name
 from lkv.train.module import LookaheadKVModule
-from tests.conftest import build_tiny_model
+from tests.conftest import TINY, build_tiny_model
 
-TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
 # three siblings beside the main module (M = 4, all-linear): no LoRA, LoRA on q+v, LoRA on every linear layer
 SIBLINGS = {"num_lookahead": [6], "lora_targets": ["none", ["q_proj", "v_proj"], "all-linear"]}
 VAL_METRICS = ("val/kl", "val/recall@4", "val/recall@8", "val/kendall_tau")
@@ -114,9 +113,7 @@ def separate_fits(label_folders, tmp_path_factory) -> dict[str, dict[str, list[t
     return runs
 
 
-def test_siblings_equal_separate_fits_of_their_variants(
-    tiny_backbone, label_folders, separate_fits, tmp_path
-):
+def test_siblings_equal_separate_fits(tiny_backbone, label_folders, separate_fits, tmp_path):
     callback = ablation(tmp_path)
     fit(tmp_path, label_folders, max_steps=4, ablation=callback)
     got = scalars(tmp_path)
@@ -135,9 +132,8 @@ class OffByOne(LookaheadAblation):
         super().on_train_batch_end(trainer, pl_module, {**outputs, "prefills": previous}, batch, batch_idx)
 
 
-def test_the_equivalence_check_sees_siblings_trained_on_other_batches(
-    tiny_backbone, label_folders, separate_fits, tmp_path
-):
+def test_the_check_sees_other_batches(tiny_backbone, label_folders, separate_fits, tmp_path):
+    # the equivalence check fails when the siblings are trained on other batches than the main module
     callback = OffByOne(grid=SIBLINGS, output=str(tmp_path / "ablation"), overhead_tokens=0)
     fit(tmp_path, label_folders, max_steps=4, ablation=callback)
     with pytest.raises(AssertionError, match="train/loss"):
