@@ -9,7 +9,7 @@ base config with the point's values set at dotted keys (``model.num_lookahead``,
 ``trainer.max_steps``, ...). Each fit runs in its own process, so Lightning's launcher handles
 ``trainer.devices``/``strategy`` (DDP over every GPU of the machine, one point after another). Keys
 starting with ``eval.`` are arguments of ``lkv eval`` instead (e.g. ``eval.budgets``). After the fit the
-sweep times the trained module (lookahead step vs plain prefill, :func:`lookahead_overhead`) and, with
+sweep times the trained module (lookahead step vs plain prefill, :func:`checkpoint_overhead`) and, with
 ``eval_config``, runs ``lkv eval`` on its checkpoint.
 
 Two ways to run the points, both through :func:`run_point` (so a point's ``result.json`` is the same):
@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-import torch
 import yaml
 from jsonargparse import auto_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -70,14 +69,13 @@ from lkv.commands.sweep_launch import (
     read_job_record,
     submit_points,
 )
-from lkv.core.generation import prefill
 from lkv.eval.cells import NO_BUDGET
 from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
-from lkv.perf.timing import Case, time_interleaved
 from lkv.train.cli import resolved_fit_config
 from lkv.train.export import resolve_adapter
 from lkv.train.grid import grid_points, point_name, write_summary
+from lkv.train.overhead import lookahead_overhead
 
 RESULT_FILE = "result.json"
 EVAL_PREFIX = "eval."
@@ -164,42 +162,13 @@ def last_scalars(log_dir: Path) -> dict[str, float]:
     return {tag: events.Scalars(tag)[-1].value for tag in events.Tags()["scalars"]}
 
 
-def lookahead_overhead(
-    checkpoint: Path,
-    tokens: int,
-    repeats: int,
-    dtype: str = "float32",
-    device: str | None = None,
-    seed: int = 0,
+def checkpoint_overhead(
+    checkpoint: Path, tokens: int, repeats: int, dtype: str = "float32", device: str | None = None
 ) -> dict[str, float]:
-    """Seconds of the lookahead step and of a plain prefill of a ``tokens``-token prompt, and their ratio.
-
-    The lookahead step is :meth:`LookaheadAdapter.predict` on the prompt's cache (``M`` tokens with the
-    adapter on, capture of their attention rows, crop back); both run interleaved (medians of ``repeats``).
-    """
+    """``prefill_ms``, ``lookahead_ms`` and their ratio ``overhead`` for a checkpoint's module
+    (:func:`lkv.train.overhead.lookahead_overhead` on a ``tokens``-token prompt, medians of ``repeats``)."""
     model, _, press = load_lookahead(resolve_adapter(checkpoint), dtype=dtype, device=device)
-    dev = next(model.parameters()).device
-    ids = torch.randint(
-        0, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(seed)
-    )
-    ids = ids.to(dev)
-    with torch.no_grad():
-        cache, _ = prefill(model, ids)
-
-        def plain_prefill() -> None:
-            prefill(model, ids)
-
-        def lookahead_step() -> None:
-            press.adapter.predict(cache, tokens)  # crops its own K/V off again
-
-        cases = {"prefill": Case(run=plain_prefill), "lookahead": Case(run=lookahead_step)}
-        timings = time_interleaved(cases, repeats=repeats, warmup=1, device=dev)
-    prefill_s, lookahead_s = timings.median("prefill"), timings.median("lookahead")
-    return {
-        "prefill_ms": 1e3 * prefill_s,
-        "lookahead_ms": 1e3 * lookahead_s,
-        "overhead": lookahead_s / prefill_s,
-    }
+    return lookahead_overhead(model, {"lookahead": press.adapter}, tokens, repeats)["lookahead"]
 
 
 def eval_scores(summary_csv: Path, method: str = "lookaheadkv") -> dict[str, float]:
@@ -269,7 +238,7 @@ def run_point(
     result["metrics"] = last_scalars(logs / "fit")
     if overhead_tokens > 0:
         dtype = config["model"].get("dtype", "float32")
-        result["cost"] = lookahead_overhead(last, overhead_tokens, overhead_repeats, dtype, device)
+        result["cost"] = checkpoint_overhead(last, overhead_tokens, overhead_repeats, dtype, device)
     if eval_config is not None:
         args = ["--config", eval_config, "--adapter", str(last), "--output", str(folder / "eval")]
         for key, value in values.items():

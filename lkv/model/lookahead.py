@@ -6,6 +6,10 @@ prompt keys through an :class:`~lkv.core.attention.ImportanceCapture`, then crop
 adapter off again. :meth:`LookaheadAdapter.stream` computes the same, one layer at a time beside the prompt's
 prefill (layer-streamed eviction, :mod:`lkv.eviction.streamed`). Only the embeddings and the LoRA weights train; the LLM is frozen (docs/design.md §1).
 
+Several lookahead modules can share one frozen model (an in-run ablation, :mod:`lkv.train.ablation`): each one's
+LoRA is a named peft adapter (``adapter_name``) on the same model, and each switches its own adapter on for its
+own lookahead step only.
+
 An exported folder (:meth:`LookaheadAdapter.save`) holds::
 
     lookahead.json                    settings + the base model's signature
@@ -15,7 +19,10 @@ An exported folder (:meth:`LookaheadAdapter.save`) holds::
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,8 @@ from lkv.core.generation import crop_to
 
 CONFIG_FILE = "lookahead.json"
 EMBEDDINGS_FILE = "lookahead_embeddings.safetensors"
+# peft's name of a model's first adapter; an exported folder always holds its LoRA under this name.
+DEFAULT_ADAPTER = "default"
 INITS = ("vocab_mean", "random_tokens", "normal")
 NO_LORA = "none"
 
@@ -129,13 +138,17 @@ def unreachable_linears(model: PreTrainedModel) -> list[str]:
     ]
 
 
-def _adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Every parameter peft added (LoRA A/B, ...), found through peft's own bookkeeping."""
+def _adapter_parameters(model: nn.Module, adapter_name: str | None = None) -> list[nn.Parameter]:
+    """The parameters peft added (LoRA A/B, ...) for ``adapter_name`` (None: every adapter), found through
+    peft's own bookkeeping (per layer, one dict entry per adapter name)."""
     params: list[nn.Parameter] = []
     for module in model.modules():
         if isinstance(module, BaseTunerLayer):
             for layer_name in module.adapter_layer_names:
-                params.extend(getattr(module, layer_name).parameters())
+                layers = getattr(module, layer_name)
+                for name in [adapter_name] if adapter_name is not None else list(layers.keys()):
+                    if name in layers:
+                        params.extend(layers[name].parameters())
     return params
 
 
@@ -148,6 +161,7 @@ class LookaheadAdapter(nn.Module):
             serves as the model for prefill and decoding.
         embeddings: ``(M, hidden)`` float32 lookahead embeddings.
         config: :class:`LookaheadConfig`.
+        adapter_name: the peft name of this module's LoRA (other modules' adapters may share ``model``).
 
     Build with :meth:`create` (training) or :meth:`load` (an exported folder), not with the constructor.
     """
@@ -158,6 +172,7 @@ class LookaheadAdapter(nn.Module):
         embeddings: torch.Tensor,
         config: LookaheadConfig,
         trainable: bool,
+        adapter_name: str = DEFAULT_ADAPTER,
     ) -> None:
         super().__init__()
         self.model = model
@@ -165,7 +180,8 @@ class LookaheadAdapter(nn.Module):
         self.embeddings = nn.Parameter(embeddings.to(device, torch.float32), requires_grad=trainable)
         self.config = config
         self.trainable = trainable
-        self._adapter_params = _adapter_parameters(model)
+        self.adapter_name = adapter_name
+        self._adapter_params = _adapter_parameters(model, adapter_name) if config.uses_lora else []
         self._set_adapter(False)
         self.train(trainable)
 
@@ -180,11 +196,16 @@ class LookaheadAdapter(nn.Module):
         target_modules: list[str] | str = "all-linear",
         init: str = "vocab_mean",
         seed: int = 0,
+        adapter_name: str = DEFAULT_ADAPTER,
     ) -> LookaheadAdapter:
         """A fresh, trainable lookahead module on ``model`` (frozen; prepared with ``install_capture``).
 
         The LoRA is injected into ``model`` in place (peft) and starts as the identity (B = 0). Targets that
         cannot reach the loss (:func:`unreachable_linears`: the last layer's v, o and MLP) get no LoRA.
+
+        ``model`` may already be another lookahead module's ``PeftModel``: this module's LoRA is then added
+        beside the others as the peft adapter ``adapter_name`` (same initial weights as on a fresh model: the
+        same modules draw from the same seeded stream), and the result shares that ``PeftModel``.
         """
         if num_tokens <= 0:
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
@@ -198,8 +219,11 @@ class LookaheadAdapter(nn.Module):
             init=init,
             seed=seed,
         )
-        embeddings = init_embeddings(model, num_tokens, init, seed)
-        model.requires_grad_(False)
+        shared = isinstance(model, PeftModel)
+        base = model.get_base_model() if shared else model
+        embeddings = init_embeddings(base, num_tokens, init, seed)
+        if not shared:  # a shared PeftModel is frozen already, and its other adapters keep their trainability
+            model.requires_grad_(False)
         if config.uses_lora:
             if lora_rank <= 0:
                 raise ValueError(
@@ -210,12 +234,20 @@ class LookaheadAdapter(nn.Module):
                 r=lora_rank,
                 lora_alpha=lora_alpha,
                 lora_dropout=lora_dropout,
-                target_modules=target_modules,
-                exclude_modules=unreachable_linears(model),
+                # a copy: peft replaces "all-linear" in its config by the names it resolved
+                target_modules=copy.copy(target_modules),
+                exclude_modules=unreachable_linears(
+                    base
+                ),  # names relative to the base model, as peft matches
                 bias="none",
             )
-            model = get_peft_model(model, lora)
-        return cls(model, embeddings, config, trainable=True)
+            if shared:
+                if adapter_name in model.peft_config:
+                    raise ValueError(f"the model already has a LoRA adapter named {adapter_name!r}")
+                model.add_adapter(adapter_name, lora)
+            else:
+                model = get_peft_model(model, lora, adapter_name=adapter_name)
+        return cls(model, embeddings, config, trainable=True, adapter_name=adapter_name)
 
     @classmethod
     def load(cls, folder: str | Path, model: PreTrainedModel, trainable: bool = False) -> LookaheadAdapter:
@@ -250,11 +282,23 @@ class LookaheadAdapter(nn.Module):
         return cls(model, embeddings, config, trainable=trainable)
 
     def save(self, folder: str | Path) -> None:
-        """Write the standalone adapter folder (peft files + embeddings + ``lookahead.json``)."""
+        """Write the standalone adapter folder (peft files + embeddings + ``lookahead.json``).
+
+        Only this module's LoRA is written, under peft's default name whatever its ``adapter_name``, so
+        :meth:`load` reads a sibling module's folder like any other.
+        """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         if self.config.uses_lora:
-            self.model.save_pretrained(str(folder), save_embedding_layers=False)
+            # peft writes a named (non-default) adapter into a subfolder of that name: move its files up
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                self.model.save_pretrained(
+                    tmp, selected_adapters=[self.adapter_name], save_embedding_layers=False
+                )
+                written = Path(tmp) / ("" if self.adapter_name == DEFAULT_ADAPTER else self.adapter_name)
+                for path in written.iterdir():
+                    if path.is_file():
+                        os.replace(path, folder / path.name)
         save_file(
             {"embeddings": self.embeddings.detach().float().cpu().contiguous()}, str(folder / EMBEDDINGS_FILE)
         )
@@ -279,12 +323,17 @@ class LookaheadAdapter(nn.Module):
     def _set_adapter(self, enabled: bool) -> None:
         if not self.config.uses_lora:
             return
+        # peft flips requires_grad with the switch (of every adapter on the model); trainability must not
+        # depend on it (DDP registers the parameters that require grad once, while the adapter is off).
+        everyone = [(p, p.requires_grad) for p in _adapter_parameters(self.model)]
         if enabled:
+            # the active adapter is per model: another module's step may have made its own adapter active
+            self.model.set_adapter(self.adapter_name)
             self.model.base_model.enable_adapter_layers()
         else:
             self.model.base_model.disable_adapter_layers()
-        # peft flips requires_grad with the switch; trainability must not depend on it (DDP registers the
-        # parameters that require grad once, while the adapter is off).
+        for p, requires_grad in everyone:
+            p.requires_grad_(requires_grad)
         for p in self._adapter_params:
             p.requires_grad_(self.trainable)
 
@@ -315,6 +364,10 @@ class LookaheadAdapter(nn.Module):
             )
         finally:
             crop_to(cache, prompt_len)
+            # With grad, the cropped K/V are views of [prompt; lookahead] tensors inside this step's graph: a
+            # second lookahead step on the same cache (another module's) would backpropagate into this one.
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.detach(), layer.values.detach()
             self._set_adapter(False)
         return capture.scores(base.config.num_hidden_layers)
 

@@ -14,15 +14,21 @@ A fit names the first three as the metrics of its TensorBoard HParams session (:
 the HParams tab ranks runs by their last validation values.
 Checkpoints hold only the trainable weights (and optimiser state); the frozen LLM is reloaded by
 :meth:`configure_model`.
+
+With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.train.ablation.LookaheadAblation`), the
+training and validation steps also return every sample's prefill as a :class:`SharedPrefill` (``outputs
+["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from transformers import DynamicCache
 from transformers.optimization import (
     get_constant_schedule_with_warmup,
     get_cosine_with_min_lr_schedule_with_warmup,
@@ -37,6 +43,24 @@ from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.datamodule import Sample
+
+
+@dataclass
+class SharedPrefill:
+    """One sample's prompt prefill (adapter off) and ground truth, after the module's own lookahead step.
+
+    Attributes:
+        cache: the prompt's cache, cropped back to exactly ``S`` entries per layer and free of the module's
+            graph: another module's :meth:`LookaheadAdapter.predict` may run on it (and crops back again).
+        target: ``(layers, kv_heads, S)`` float32 s_GT.
+    """
+
+    cache: DynamicCache
+    target: torch.Tensor
+
+    @property
+    def prompt_len(self) -> int:
+        return self.target.shape[-1]
 
 
 class LookaheadKVModule(L.LightningModule):
@@ -93,6 +117,8 @@ class LookaheadKVModule(L.LightningModule):
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False
         self.adapter: LookaheadAdapter | None = None
+        # Return each step's prefills in its outputs (for sibling modules); off: caches are freed at once.
+        self.share_prefill = False
         self.tokenizer = None
         self.signature: ModelSignature | None = None
         budgets = list(eval_budgets)
@@ -130,8 +156,9 @@ class LookaheadKVModule(L.LightningModule):
         """Predicted and true importance of one sample, sharing one prefill.
 
         Returns:
-            ``pred`` and ``target`` ``(layers, kv_heads, S)``; with ``snapkv``, also ``snapkv_window``, the
-            normalised attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``.
+            ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
+            with ``snapkv``, also ``snapkv_window``, the normalised attention of the last ``snapkv_window``
+            prompt queries ``(layers, kv_heads, S)``.
         """
         ids = sample["prompt_ids"][None]
         prompt_len = ids.shape[1]
@@ -141,34 +168,37 @@ class LookaheadKVModule(L.LightningModule):
         target = sample["scores"]
         if target is None:
             target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
-        out = {"target": target.float(), "pred": self.adapter.predict(cache, prompt_len)[0]}
+        out = {"target": target.float(), "pred": self.adapter.predict(cache, prompt_len)[0], "cache": cache}
         if snapkv:
             out["snapkv_window"] = capture.scores(model.config.num_hidden_layers)[0]
         return out
 
-    def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor:
-        losses = []
+    def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
+        losses, prefills = [], []
         for sample in batch:
             scores = self.importance(sample)
             losses.append(importance_kl(scores["target"], scores["pred"]).mean())
+            prefills.append(SharedPrefill(scores["cache"], scores["target"]))
         loss = torch.stack(losses).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log(
             "train/prompt_tokens", float(sum(s["prompt_ids"].numel() for s in batch)), batch_size=len(batch)
         )
-        return loss
+        return {"loss": loss, "prefills": prefills} if self.share_prefill else loss
 
     def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics) -> dict[str, Any]:
         hp = self.hparams
+        prefills = []
         for sample in batch:
             scores = self.importance(sample, snapkv=True)
             metrics.update(scores["pred"], scores["target"])
             snap = snapkv_scores(scores["snapkv_window"], hp.snapkv_window, hp.snapkv_kernel)
             snapkv_metrics.update(snap, scores["target"])
+            prefills.append(SharedPrefill(scores.pop("cache"), scores["target"]))
         self.log_dict(metrics, batch_size=len(batch))
         self.log_dict(snapkv_metrics, batch_size=len(batch))
         # The last sample's scores, for callbacks that plot them.
-        return {"id": batch[-1]["id"], **scores}
+        return {"id": batch[-1]["id"], **scores, **({"prefills": prefills} if self.share_prefill else {})}
 
     def validation_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.val_metrics, self.val_snapkv)
@@ -202,8 +232,12 @@ class LookaheadKVModule(L.LightningModule):
             datamodule.set_epoch(self.current_epoch)
 
     def configure_optimizers(self) -> dict[str, Any]:
+        return self.optimizer_for(list(self.adapter.trainable_parameters().values()))
+
+    def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
+        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser dict);
+        sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
         hp = self.hparams
-        params = list(self.adapter.trainable_parameters().values())
         optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         if hp.scheduler == "cosine":
             total = self.trainer.estimated_stepping_batches

@@ -201,3 +201,74 @@ def test_init_ignores_the_default_device_context(tiny_llama, init):
         got = init_embeddings(model, 5, init, seed=3)
     assert got.device.type == "cpu"
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+SIBLING_TARGETS = ["none", ["q_proj", "v_proj"], "all-linear"]
+
+
+@pytest.mark.parametrize("main_targets", ["none", "all-linear"])
+def test_named_adapters_on_one_model_each_predict_as_their_own_module(
+    make_tiny_model, main_targets, tmp_path
+):
+    # modules sharing one frozen model (named peft adapters) == the same settings each on a model of its own
+    model, _ = make_tiny_model("llama")
+    ids = random_prompt(model, length=30)
+    main = LookaheadAdapter.create(model, num_tokens=4, target_modules=main_targets, seed=0)
+    host, siblings = main.model, []
+    for index, targets in enumerate(SIBLING_TARGETS):
+        sibling = LookaheadAdapter.create(
+            host, num_tokens=3 + index, target_modules=targets, seed=index, adapter_name=f"s{index}"
+        )
+        host = sibling.model
+        siblings.append(sibling)
+    alone = [
+        LookaheadAdapter.create(make_tiny_model("llama")[0], num_tokens=3 + i, target_modules=t, seed=i)
+        for i, t in enumerate(SIBLING_TARGETS)
+    ]
+    for sibling, own in zip(siblings, alone, strict=True):
+        assert sibling.trainable_parameters().keys() != set() and all(
+            p.requires_grad for p in sibling.trainable_parameters().values()
+        )
+        torch.testing.assert_close(
+            {
+                k.replace(f".{sibling.adapter_name}.", "."): v
+                for k, v in sibling.trainable_parameters().items()
+            },
+            {k.replace(".default.", "."): v for k, v in own.trainable_parameters().items()},
+            atol=0,
+            rtol=0,
+        )
+        perturb_lora(sibling)
+        perturb_lora(own)
+    # one prompt cache for all of them; each step with grad and backward, main first (as in training)
+    cache, _ = prefill(main.model, ids)
+    want_cache = cache_tensors(cache)
+    for module in [main, *siblings]:
+        importance_kl(torch.full((3, 2, 30), 1 / 30), module.predict(cache, 30)[0]).mean().backward()
+    assert all(torch.equal(a, b) for a, b in zip(want_cache, cache_tensors(cache), strict=True))
+    for sibling, own in zip(siblings, alone, strict=True):
+        with torch.no_grad():
+            got = sibling.predict(cache, 30)
+            want = own.predict(prefill(own.model, ids)[0], 30)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        # the trainable flags of every module survive the others' adapter switches
+        assert all(p.requires_grad for p in sibling.trainable_parameters().values())
+        # a sibling's folder holds only its own LoRA, under peft's default name, and loads like any other
+        sibling.save(tmp_path / sibling.adapter_name)
+        loaded = LookaheadAdapter.load(tmp_path / sibling.adapter_name, make_tiny_model("llama")[0])
+        with torch.no_grad():
+            again = loaded.predict(prefill(loaded.model, ids)[0], 30)
+        torch.testing.assert_close(again, want, atol=1e-6, rtol=0)
+    assert all(p.requires_grad for p in main.trainable_parameters().values())
+
+
+def test_a_second_lookahead_step_with_grad_on_the_same_cache_backpropagates_alone(tiny_llama):
+    # the cache a step with grad crops back must not keep that step's graph (a sibling module's step follows)
+    model, _ = tiny_llama
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=4)
+    cache, _ = prefill(adapter.model, ids)
+    target = torch.full((3, 2, ids.shape[1]), 1 / ids.shape[1])
+    for _ in range(2):
+        importance_kl(target, adapter.predict(cache, ids.shape[1])[0]).mean().backward()
+    assert all(not layer.keys.requires_grad for layer in cache.layers)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from lkv.perf.timing import Case
+from lkv.core.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 MIB = 2**20
