@@ -9,6 +9,7 @@ take ``--batch_sizes`` (label, decode) measure one variant per batch size instea
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from lkv.core.timing import Case
@@ -100,6 +101,18 @@ class BatchSizes:
     @staticmethod
     def reference(settings: BenchSettings) -> str:
         return f"{BATCH_PREFIX}{min(settings.batch_sizes or [1])}"
+
+    @staticmethod
+    def rows(
+        result: dict[str, Any], cells: Callable[[dict[str, Any], dict[str, Any]], list[Any]]
+    ) -> list[list[Any]]:
+        """One row per measured variant and length: ``[S, *cells(entry, derived figures)]``."""
+        rows = []
+        for length, measured in result["lengths"].items():
+            for variant, entry in measured.items():
+                if timed(entry):
+                    rows.append([length, *cells(entry, result["derived"][length].get(variant, {}))])
+        return rows
 
     def derive(self, settings: BenchSettings, measured: Measured) -> dict[str, Any]:
         """Per variant: ``<unit>_per_s`` and the speed-up over the smallest batch size."""

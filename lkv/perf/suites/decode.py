@@ -113,25 +113,20 @@ class Decode(Suite):
         return derived
 
     def table(self, result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-        rows = []
         if result["settings"]["batch_sizes"]:
             head = ["S", "batch", "answers", "tokens", "s", "tokens/s", "speed-up"]
-            for length, measured in result["lengths"].items():
-                for variant, entry in measured.items():
-                    if timed(entry):
-                        figures = result["derived"][length].get(variant, {})
-                        rows.append(
-                            [
-                                length,
-                                entry["batch_size"],
-                                entry["answers"],
-                                entry["tokens"],
-                                fmt(entry["median_s"], digits=2),
-                                fmt(figures.get("tokens_per_s"), digits=2),
-                                ratio(figures.get("speedup")),
-                            ]
-                        )
-            return head, rows
+            return head, BATCHES.rows(
+                result,
+                lambda entry, figures: [
+                    entry["batch_size"],
+                    entry["answers"],
+                    entry["tokens"],
+                    fmt(entry["median_s"], digits=2),
+                    fmt(figures.get("tokens_per_s"), digits=2),
+                    ratio(figures.get("speedup")),
+                ],
+            )
+        rows = []
         head = ["S", "full ms/token", "compressed ms/token", "speed-up", "full KV MiB", "kept KV MiB"]
         head += ["kept/full", "budget/S"]
         for length, measured in result["lengths"].items():

@@ -115,26 +115,21 @@ class Label(Suite):
         return fits
 
     def table(self, result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-        rows = []
         if result["settings"]["batch_sizes"]:
             head = ["S", "batch", "prompts", "padding %", "s", "prompts/s", "speed-up", "peak MiB"]
-            for length, measured in result["lengths"].items():
-                for variant, entry in measured.items():
-                    if timed(entry):
-                        figures = result["derived"][length].get(variant, {})
-                        rows.append(
-                            [
-                                length,
-                                entry["batch_size"],
-                                entry["prompts"],
-                                fmt(100 * entry["padding_fraction"], digits=1),
-                                fmt(entry["median_s"], digits=1),
-                                fmt(figures.get("prompts_per_s"), digits=3),
-                                ratio(figures.get("speedup")),
-                                fmt(entry.get("peak_bytes"), MIB, 0),
-                            ]
-                        )
-            return head, rows
+            return head, BATCHES.rows(
+                result,
+                lambda entry, figures: [
+                    entry["batch_size"],
+                    entry["prompts"],
+                    fmt(100 * entry["padding_fraction"], digits=1),
+                    fmt(entry["median_s"], digits=1),
+                    fmt(figures.get("prompts_per_s"), digits=3),
+                    ratio(figures.get("speedup")),
+                    fmt(entry.get("peak_bytes"), MIB, 0),
+                ],
+            )
+        rows = []
         head = ["S", "label_prompt s", "generate + forward s", "ratio", "label_prompt peak MiB"]
         head.append("baseline peak MiB")
         for length, measured in result["lengths"].items():
