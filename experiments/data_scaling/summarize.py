@@ -1,6 +1,7 @@
 """Table and plot of the data-scaling study, with 95 % intervals, from the sweep's per-point eval rows.
 
-    python experiments/data_scaling/summarize.py [--sweep runs/data_scaling/sweep] [--out experiments/data_scaling]
+    python experiments/data_scaling/summarize.py [--config configs/sweeps/data_scaling_smollm2.yaml]
+        [--sweep runs/data_scaling/sweep] [--out experiments/data_scaling]
 
 For every finished point (``points/<point>/result.json``) it reads ``points/<point>/eval/results.jsonl`` and
 reports, per number of training prompts N:
@@ -84,12 +85,13 @@ def _cell(entry: tuple | None, percent: bool = True) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=str(SWEEP_CONFIG), help="the sweep config (its grid)")
     parser.add_argument(
         "--sweep", default=str(ROOT / "runs/data_scaling/sweep"), help="the sweep's output folder"
     )
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="where the summary goes")
     args = parser.parse_args()
-    config = yaml.safe_load(SWEEP_CONFIG.read_text())
+    config = yaml.safe_load(Path(args.config).read_text())
     sweep, out = Path(args.sweep), Path(args.out)
     done, missing = [], []
     for values in grid_points(config["grid"]):
@@ -151,7 +153,7 @@ def main() -> None:
         sizes = config["grid"][SIZE_KEY]
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.minorticks_off()
-        ax.set_xlabel("training prompts (fixed 512 steps)")
+        ax.set_xlabel(f"training prompts (fixed {config['overrides']['trainer.max_steps']} steps)")
         ax.grid(alpha=0.3)
         ax.legend()
     recall_ax.set_ylabel("held-out Recall@C (LookaheadKV)")
