@@ -197,13 +197,18 @@ FACT_FORMATS: tuple[FactFormat, ...] = (
         "eval",
     ),
     # --- evaluation-only question wordings of the training statement ---
+    # Direct requests in words no training question uses. Measured with FullKV on SmolLM2-135M (1K tokens,
+    # essays and pydoc, seed 1): "Tell me ..." 6/6, "According to the passage ..." 5/6, against 5/6 for a
+    # training wording. Wordings that put the key first as a label ("{key}: which special magic number ...",
+    # 0/3) or ask indirectly ("I forgot ... Can you remind me?", 3/6; "Please look up ... and write it
+    # down.", 3/6) made the full-cache model describe the text instead of answering, so they measured
+    # instruction following rather than what eviction keeps.
     FactFormat(
         "magic_number_reworded",
         "The special magic number for {key} is {value}.",
         (
             "Tell me the special magic number that belongs to {key}.",
-            "{key}: which special magic number does the text give? Reply with the digits only.",
-            "I forgot the special magic number assigned to {key}. Can you remind me?",
+            "According to the passage, which special magic number goes with {key}?",
         ),
         number_value,
         "eval",

@@ -114,11 +114,31 @@ def draw(size: int, quota: int, epoch: int, generator: torch.Generator | None) -
     return torch.cat([torch.randperm(size, generator=generator) for _ in range(passes)])[:quota]
 
 
-class MixedLabels(torch.utils.data.Dataset):
-    """Map-style sources back to back: index ``i`` of source ``s`` is ``offset_s + i``; rows carry ``_source``."""
+def first_by_id(part: Dataset, limit: int) -> Dataset:
+    """The ``limit`` rows of ``part`` with the smallest ids, kept in their stored order.
 
-    def __init__(self, sources: Sequence[LabelSource]) -> None:
-        self.parts: list[Dataset] = [load_labels(source.folder) for source in sources]
+    The id, not the stored order, decides: ``lkv label --batch_size B`` stores prompts in length order
+    (longest first), so the first stored rows would be the longest prompts. Built-in prompt ids carry the
+    zero-padded prompt index (``builtin-train-s0-00042-…``), and prompt ``i`` depends only on the seed and
+    ``i``, so the first 64 rows by id of a 512-prompt folder are the very prompts a 64-prompt run labels,
+    and the subsets nest (first 64 ⊂ first 128 ⊂ …) whatever the shard layout.
+    """
+    ids = part["id"]
+    chosen = sorted(sorted(range(len(ids)), key=ids.__getitem__)[:limit])
+    return part.select(chosen)
+
+
+class MixedLabels(torch.utils.data.Dataset):
+    """Map-style sources back to back: index ``i`` of source ``s`` is ``offset_s + i``; rows carry ``_source``.
+
+    Args:
+        sources: the label folders.
+        limit: keep only each source's first ``limit`` rows by id (:func:`first_by_id`); None keeps all.
+    """
+
+    def __init__(self, sources: Sequence[LabelSource], limit: int | None = None) -> None:
+        parts = [load_labels(source.folder) for source in sources]
+        self.parts: list[Dataset] = parts if limit is None else [first_by_id(p, limit) for p in parts]
         self.offsets = [0]
         for part in self.parts:
             self.offsets.append(self.offsets[-1] + len(part))

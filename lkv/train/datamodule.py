@@ -13,6 +13,11 @@ Loaders are torchdata ``StatefulDataLoader``s, whose position Lightning saves in
 resumed from a mid-epoch checkpoint continues with the next unseen batch instead of restarting the epoch.
 The training order is a seeded plan per epoch (or the stored order with ``shuffle=False``), so it is the
 same after a restart.
+
+``limit_train_samples: N`` trains on the first ``N`` rows of each train folder by sample id
+(:func:`lkv.labels.mix.first_by_id`), a data-scaling study's nested subsets (the first 64 ⊂ the first 128
+⊂ …): the subset depends only on the folder's ids, never on the seed, shuffling, world size or shard
+layout; shuffling and DDP sharding then act on the subset.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class LabelDataModule(L.LightningDataModule):
         shuffle: shuffle the training set each epoch.
         seed: shuffling seed.
         shuffle_buffer: samples held for shuffling in streaming mode.
+        limit_train_samples: train on each train folder's first ``N`` rows by sample id only (for built-in
+            prompts: the source's first ``N`` prompts); None: every row. Map-style only.
     """
 
     def __init__(
@@ -96,10 +103,17 @@ class LabelDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         shuffle_buffer: int = 1000,
+        limit_train_samples: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if limit_train_samples is not None:
+            if limit_train_samples <= 0:
+                raise ValueError(f"data.limit_train_samples must be positive, got {limit_train_samples}")
+            if streaming:
+                # a streamed rank reads its own contiguous slice of shards; a subset by id would need every id
+                raise ValueError("data.limit_train_samples needs map-style data (data.streaming: false)")
         self.save_hyperparameters()
         train_folders = [train] if isinstance(train, str) else list(train)
         if not train_folders:
@@ -144,14 +158,32 @@ class LabelDataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def _limit(self, split: str) -> int | None:
+        """Rows kept per folder of ``split`` (``data.limit_train_samples`` for train), checked against each
+        folder's row count; None: all.
+
+        Raises:
+            ValueError: naming the folder, the rows it holds and the limit, when it holds fewer.
+        """
+        limit = self.hparams.limit_train_samples if split == "train" else None
+        if limit is not None:
+            for source in self._sources(split):
+                if source.rows < limit:
+                    raise ValueError(
+                        f"data.limit_train_samples={limit}: label folder {source.folder} holds only "
+                        f"{source.rows} rows; label at least {limit} prompts there or lower the limit"
+                    )
+        return limit
+
     def _quotas(self, split: str) -> list[int]:
-        rows = [source.rows for source in self._sources(split)]
+        limit = self._limit(split)
+        rows = [source.rows if limit is None else limit for source in self._sources(split)]
         return epoch_quotas(rows, self.hparams.weights if split == "train" else None)
 
     def _open(self, split: str) -> MixedLabels | StreamedLabels:
         sources = self._sources(split)
         if not self.hparams.streaming:
-            return MixedLabels(sources)
+            return MixedLabels(sources, self._limit(split))
         rank, world = self._world()
         hp = self.hparams
         shuffle = split == "train" and hp.shuffle

@@ -64,6 +64,35 @@ def test_every_out_of_distribution_family_hides_recoverable_needles(tiny_corpus,
                 assert fixed_text(statement) not in sample.context
 
 
+def test_reworded_questions_are_direct_requests_in_words_training_never_uses(tiny_corpus, tiny_tokenizer):
+    reworded, trained = fact_format("magic_number_reworded"), fact_format("magic_number")
+    assert reworded.statement == trained.statement  # the training fact; only the question is new
+    train_questions = [q for f in formats("train") for q in f.questions]
+    openings = {tuple(q.split()[:3]) for q in train_questions}
+    for question in reworded.questions:
+        assert question not in train_questions and tuple(question.split()[:3]) not in openings
+        # The key inside a request, never first as a label: "{key}: which special magic number does the text
+        # give?" made the full-cache model describe the text instead (FullKV 0/3 on SmolLM2-135M).
+        assert not question.startswith("{key}")
+    samples = task(
+        tiny_corpus, families=("magic_number_reworded",), haystacks=("essays", "pydoc"), samples_per_cell=8
+    ).samples(tiny_tokenizer)
+    asked = set()
+    for sample in samples:
+        (value,) = sample.answers
+        key = re.search(rf"special magic number for (\S+) is {value}\.", sample.context).group(1)
+        asked |= {q for q in reworded.questions if q.format(key=key) == sample.question}
+        _, question_ids = encode_sample(sample, tiny_tokenizer)
+        assert sample.question in tiny_tokenizer.decode(question_ids)
+        # the full-cache model's usual answers: the value in a sentence scores 1, a description of the text 0
+        full_answer = f"The special magic number that belongs to {key} is {value}. This number is"
+        assert task(tiny_corpus).score(full_answer, sample) == {"string_match": 1.0}
+        assert task(tiny_corpus).score("The text provides a detailed explanation of", sample) == {
+            "string_match": 0.0
+        }
+    assert asked == set(reworded.questions)  # every wording is asked
+
+
 def test_distractors_share_a_format_but_not_key_or_value(tiny_corpus, tiny_tokenizer):
     (sample,) = task(tiny_corpus, families=("distractor",), haystacks=("essays",)).samples(tiny_tokenizer)
     fmt = fact_format(sample.meta["formats"][0])
