@@ -13,6 +13,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from lkv.core.compat import cache_kwargs
+
 
 def eager_attentions(model, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Per layer ``(batch, heads, Q, K)`` softmax attention of a plain eager forward over ``ids``."""
@@ -91,7 +93,9 @@ def greedy_steps(model, cache, next_logits: torch.Tensor, position: int, steps: 
     for step in range(steps):
         token = logits[-1].argmax()
         tokens.append(int(token))
-        out = model(input_ids=token.view(1, 1), position_ids=torch.tensor([[position + step]]), cache=cache)
+        out = model(
+            input_ids=token.view(1, 1), position_ids=torch.tensor([[position + step]]), **cache_kwargs(cache)
+        )
         logits.append(out.logits[0, -1].float())
     return torch.tensor(tokens), torch.stack(logits)
 

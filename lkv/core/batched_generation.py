@@ -31,6 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from lkv.core.cache import CompressedCache
 from lkv.core.clock import clock
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
 
 
@@ -283,7 +284,7 @@ def greedy_batch(
             input_ids=chosen[:, None],
             attention_mask=mask,
             position_ids=(positions + step)[:, None],  # each row continues from its own (uncompressed) length
-            cache=cache,
+            **cache_kwargs(cache),
             use_cache=True,
         )
         next_logits = out.logits[:, -1].float()

@@ -14,6 +14,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from lkv.core.compat import mask_query_length
+
 
 class CompressedCache(DynamicCache):
     """A :class:`DynamicCache` whose layers may hold different numbers of entries.
@@ -34,13 +36,15 @@ class CompressedCache(DynamicCache):
         """True when layers hold different numbers of entries."""
         return len({layer.get_seq_length() for layer in self.layers}) > 1
 
-    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: int | torch.Tensor, layer_idx: int) -> tuple[int, int]:
+        # older transformers (5.3) pass the block's cache_position here (lkv.core.compat.mask_query_length)
         if not self.is_ragged:
             return super().get_mask_sizes(query_length, layer_idx)
-        if query_length > 1:
+        if mask_query_length(query_length) > 1:
             raise ValueError(
                 f"this compressed cache holds {self.layer_lengths()} entries per layer; a block of "
-                f"{query_length} tokens would need a different causal mask per layer: append one token at a time"
+                f"{mask_query_length(query_length)} tokens would need a different causal mask per layer: append "
+                "one token at a time"
             )
         # (kv_length, kv_offset): one key at the query's own offset → an all-visible 1×1 mask.
         return 1, self.get_seq_length(layer_idx)

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from lkv.core.compat import cache_kwargs
+
 Sampler = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -151,7 +153,7 @@ def prefill(
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be (batch, S) with S ≥ 1, got shape {tuple(input_ids.shape)}")
     cache = DynamicCache(config=model.config) if cache is None else cache
-    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
+    out = model(input_ids=input_ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1, **kwargs)
     return cache, out.logits[:, -1].float()
 
 
@@ -195,7 +197,7 @@ def decode(
         out = model(
             input_ids=token.view(1, 1),
             position_ids=torch.tensor([[position + step]], device=device),
-            cache=cache,
+            **cache_kwargs(cache),
             use_cache=True,
             **({} if upkeep is None else upkeep.forward_kwargs(generating=True)),
         )

@@ -6,6 +6,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from lkv.core.attention import ImportanceCapture
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
 
 
@@ -27,6 +28,8 @@ def response_importance(
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
     # every response query is captured, so the capture's fp32 rows also give the attention output
     capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
-    model(input_ids=response_ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
+    model(
+        input_ids=response_ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1, lkv_capture=capture
+    )
     crop_to(cache, prompt_len)
     return capture.scores(model.config.num_hidden_layers)[0]

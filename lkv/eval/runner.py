@@ -38,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import cache_bytes
 from lkv.core.clock import clock
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request
@@ -108,7 +109,7 @@ def answer_importance(
     capture = ImportanceCapture(prompt_len, last_queries=len(answer))
     ids = torch.tensor([appended + answer], device=cache.layers[0].keys.device)
     try:
-        model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, lkv_capture=capture)
+        model(input_ids=ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1, lkv_capture=capture)
     finally:
         crop_to(cache, prompt_len)
     return capture.scores(model.config.num_hidden_layers)

@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question
 from lkv.core.clock import clock
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
@@ -543,7 +544,12 @@ def append_tokens(
         positions = torch.arange(offset, offset + block.shape[1], device=ids.device)[None]
         extra = {} if upkeep is None else upkeep.forward_kwargs(generating=False)
         out = model(
-            input_ids=block, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1, **extra
+            input_ids=block,
+            position_ids=positions,
+            **cache_kwargs(cache),
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
         )
         if upkeep is not None:
             upkeep.observe()

@@ -8,10 +8,11 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GgufConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from lkv.core.compat import gguf_dense_kwargs
 
 
 def load_gguf(
@@ -22,7 +23,8 @@ def load_gguf(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A dense model and its tokenizer from a ``.gguf`` file, with no quantization state left.
 
-    ``GgufConfig(dequantize=True)`` unpacks every weight into a plain ``nn.Linear`` and has transformers
+    ``GgufConfig(dequantize=True)`` (:func:`~lkv.core.compat.gguf_dense_kwargs`; before transformers 5.17 every GGUF
+    load is dense) unpacks every weight into a plain ``nn.Linear`` and has transformers
     remove ``config.quantization_config`` and ``hf_quantizer`` itself, so the model saves like any other.
     (Without it, transformers keeps a GGUF quantizer that refuses ``save_pretrained``, and where the
     ``kernels`` package is installed it leaves weights packed in GGUF blocks.)
@@ -32,7 +34,7 @@ def load_gguf(
         gguf_file=path.name,
         dtype=dtype,
         attn_implementation=attn_implementation,
-        quantization_config=GgufConfig(dequantize=True),
+        **gguf_dense_kwargs(),
         device_map=device,
     )
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

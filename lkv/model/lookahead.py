@@ -33,10 +33,10 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
-from transformers.masking_utils import create_causal_mask
 
 from lkv import __version__
 from lkv.core.attention import ImportanceCapture
+from lkv.core.compat import cache_kwargs, layer_causal_mask
 from lkv.core.generation import crop_to
 
 CONFIG_FILE = "lookahead.json"
@@ -360,7 +360,11 @@ class LookaheadAdapter(nn.Module):
         self._set_adapter(True)
         try:
             decoder(
-                inputs_embeds=embeds, position_ids=positions, cache=cache, use_cache=True, lkv_capture=capture
+                inputs_embeds=embeds,
+                position_ids=positions,
+                **cache_kwargs(cache),
+                use_cache=True,
+                lkv_capture=capture,
             )
         finally:
             crop_to(cache, prompt_len)
@@ -436,21 +440,14 @@ class LookaheadStream:
                 f"prompt's {self.prompt_len}"
             )
         # the mask predict's decoder builds, sized from this layer (earlier layers may already be evicted)
-        mask = create_causal_mask(
-            config=self.decoder.config,
-            inputs_embeds=self.hidden,
-            attention_mask=None,
-            cache=self.cache,
-            position_ids=self.positions,
-            layer_idx=layer_idx,
-        )
+        mask = layer_causal_mask(self.decoder.config, self.hidden, self.cache, self.positions, layer_idx)
         self.adapter._set_adapter(True)
         try:
             self.hidden = self.decoder.layers[layer_idx](
                 self.hidden,
                 attention_mask=mask,
                 position_ids=self.positions,
-                cache=self.cache,
+                **cache_kwargs(self.cache),
                 use_cache=True,
                 position_embeddings=self.position_embeddings,
                 lkv_capture=self.capture,

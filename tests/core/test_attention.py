@@ -5,6 +5,7 @@ import torch
 
 import lkv.core.attention as attention
 from lkv.core.attention import ImportanceCapture, install_capture
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
 from tests.reference import eager_reference
 
@@ -13,7 +14,7 @@ def block_on_cache(model, ids: torch.Tensor, prompt_len: int, **capture_kwargs) 
     cache, _ = prefill(model, ids[:, :prompt_len])
     capture = ImportanceCapture(num_keys=prompt_len, **capture_kwargs)
     with torch.no_grad():
-        model(input_ids=ids[:, prompt_len:], cache=cache, use_cache=True, lkv_capture=capture)
+        model(input_ids=ids[:, prompt_len:], **cache_kwargs(cache), use_cache=True, lkv_capture=capture)
     return capture.scores(model.config.num_hidden_layers)[0]
 
 
@@ -70,7 +71,7 @@ def test_pieces_accumulate_like_one_block(tiny_model):
     capture = ImportanceCapture(num_keys=24)
     with torch.no_grad():
         for start, stop in ((24, 28), (28, 33), (33, 36)):
-            model(input_ids=ids[:, start:stop], cache=cache, use_cache=True, lkv_capture=capture)
+            model(input_ids=ids[:, start:stop], **cache_kwargs(cache), use_cache=True, lkv_capture=capture)
     torch.testing.assert_close(capture.scores()[0], whole, atol=1e-5, rtol=0)
 
 
@@ -103,7 +104,9 @@ def test_capture_that_computes_the_output_replaces_the_layer_kernel(tiny_model, 
         cache, _ = prefill(model, ids)
         kernel_calls.clear()
         capture = ImportanceCapture(num_keys=37, computes_output=computes_output)
-        hidden = model.get_decoder()(inputs_embeds=block, cache=cache, use_cache=True, lkv_capture=capture)
+        hidden = model.get_decoder()(
+            inputs_embeds=block, **cache_kwargs(cache), use_cache=True, lkv_capture=capture
+        )
         weights = torch.linspace(-1, 1, hidden.last_hidden_state.numel()).view_as(hidden.last_hidden_state)
         grad = torch.autograd.grad((hidden.last_hidden_state * weights).sum(), block)[0]
         results[computes_output] = (hidden.last_hidden_state, capture.scores(), grad, len(kernel_calls))
@@ -124,7 +127,7 @@ def test_capture_is_differentiable(tiny_model):
     cache, _ = prefill(model, ids)
     block = torch.randn(1, 3, model.config.hidden_size, requires_grad=True)
     capture = ImportanceCapture(num_keys=16)
-    model(inputs_embeds=block, cache=cache, use_cache=True, lkv_capture=capture)
+    model(inputs_embeds=block, **cache_kwargs(cache), use_cache=True, lkv_capture=capture)
     scores = capture.scores(model.config.num_hidden_layers)
     (scores[0, -1, 0, :4].sum()).backward()
     assert block.grad is not None and block.grad.abs().sum() > 0

@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
 from lkv.eviction.compressor import append_tokens
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
@@ -101,7 +102,7 @@ def test_ragged_cache_refuses_a_block_it_cannot_mask(tiny_llama):
         model(
             input_ids=torch.zeros(1, 3, dtype=torch.long),
             position_ids=torch.arange(20, 23)[None],
-            cache=compressed,
+            **cache_kwargs(compressed),
         )
 
 

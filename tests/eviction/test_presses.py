@@ -10,6 +10,7 @@
 import pytest
 import torch
 
+from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import Press, PressContext
@@ -159,7 +160,7 @@ class _LeakyPress(Press):
     name = "leaky"
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        ctx.model(input_ids=ctx.prompt_ids[:, :1], cache=ctx.cache, use_cache=True)
+        ctx.model(input_ids=ctx.prompt_ids[:, :1], **cache_kwargs(ctx.cache), use_cache=True)
         config = ctx.model.config
         return torch.rand(1, config.num_hidden_layers, config.num_key_value_heads, ctx.prompt_len)
 

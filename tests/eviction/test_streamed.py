@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from lkv.core.compat import CACHE_KWARG
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
@@ -91,7 +92,7 @@ def test_streamed_cache_never_holds_two_full_layers(tiny_llama):
     seen: list[list[int]] = []
 
     def record(module, args, kwargs):
-        seen.append([layer.get_seq_length() for layer in kwargs["cache"].layers])
+        seen.append([layer.get_seq_length() for layer in kwargs[CACHE_KWARG].layers])
 
     hooks = [
         layer.register_forward_pre_hook(record, with_kwargs=True) for layer in model.get_decoder().layers
