@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
+from lkv.core.attention import CAPTURE_KWARG
 from lkv.core.cache import CompressedCache, gather_layer, layer_bytes
 from lkv.core.generation import prefill
 from lkv.eviction.presses.base import LayerScorer, Press, StreamContext
@@ -57,28 +58,65 @@ class StreamedEviction:
     eviction_s: float
 
 
-class _LayerEvictor:
-    """Forward hook of every decoder layer: score, select and gather the layer the prompt has just passed."""
+class LayerEvictor:
+    """Layer-streamed eviction's per-layer step: score, select and gather the layer the prompt has just passed.
+
+    Built once per prompt, before its prefill, which must be run with :attr:`forward_kwargs`; then
+    :meth:`evict` (or :meth:`select` for a caller that gathers the K/V itself, as kvpress's hook does) is
+    called for layers ``0, 1, ...`` in turn, each right after the prompt has passed that layer. Two hooks
+    drive it: :func:`streamed_compress` (a forward hook on every decoder layer) and
+    ``lkv.integrations.kvpress`` (kvpress's hook on every attention module).
+
+    Args:
+        model: the frozen model (prepared with ``install_capture``; for LookaheadKV the adapter's base model).
+        press: a :attr:`~lkv.eviction.presses.base.Press.streamable` press.
+        ids: ``(1, S)`` prompt tokens.
+        cache: the empty cache the prompt is prefilled into.
+        budgets: ``C_l`` per layer (``press.layer_budgets``); ``C_l ≥ S`` keeps the layer whole.
+        sink, recent, kernel, pooling: the selector's options (:func:`select_indices`), merged with the
+            press's own protected window by the caller.
+        keep_scores: also keep every layer's ``(1, kv_heads, S)`` scores (:attr:`scores`).
+        clock: timer for :attr:`seconds`.
+    """
 
     def __init__(
         self,
+        model: PreTrainedModel,
+        press: Press,
+        ids: torch.Tensor,
         cache: DynamicCache,
-        scorer: LayerScorer,
-        select: Callable[[torch.Tensor, int], torch.Tensor],
-        keep_scores: bool,
-        clock: Callable[[], float],
+        budgets: Sequence[int],
+        sink: int = 0,
+        recent: int = 0,
+        kernel: int = 1,
+        pooling: str = "max",
+        keep_scores: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.cache, self.scorer, self.select, self.clock = cache, scorer, select, clock
-        self.keep_scores = keep_scores
+        if not press.streamable:
+            raise ValueError(f"{press.name} has no layer-streamed eviction; use the two-phase path")
+        self.num_layers = len(model.get_decoder().layers)
+        if len(budgets) != self.num_layers:
+            raise ValueError(f"got {len(budgets)} layer budgets for {self.num_layers} decoder layers")
+        self.capture = press.prefill_capture(ids.shape[1])
+        self.cache, self.budgets, self.clock, self.keep_scores = cache, list(budgets), clock, keep_scores
+        self.options = (sink, recent, kernel, pooling)
+        self.scorer: LayerScorer = press.layer_scorer(StreamContext(model, ids, cache, self.capture))
         self.kept: list[torch.Tensor] = []
         self.scores: list[torch.Tensor] = []
         self.kv_bytes_full = 0
         self.seconds = 0.0
-        self.busy = False  # the lookahead stream runs the same layer again from inside this hook
+        # True while a layer is scored: the lookahead stream runs that layer again from inside the hook
+        self.busy = False
 
-    def __call__(self, layer_idx: int, module: nn.Module, args: tuple, output: object) -> None:
-        if self.busy:
-            return
+    @property
+    def forward_kwargs(self) -> dict[str, object]:
+        """Keywords the prompt's prefill must be given (the press's attention capture, if it has one)."""
+        return {} if self.capture is None else {CAPTURE_KWARG: self.capture}
+
+    def select(self, layer_idx: int) -> torch.Tensor:
+        """Score layer ``layer_idx`` (which holds the prompt's ``S`` entries) and return its kept positions
+        ``(1, kv_heads, C_l)``, ascending; the cache is left as it is."""
         if layer_idx != len(self.kept):
             raise RuntimeError(
                 f"decoder layer {layer_idx} ran out of order (expected layer {len(self.kept)})"
@@ -88,14 +126,33 @@ class _LayerEvictor:
         try:
             self.kv_bytes_full += layer_bytes(self.cache.layers[layer_idx])
             scores = self.scorer(layer_idx)
-            index = self.select(scores, layer_idx)
-            gather_layer(self.cache, layer_idx, index)
+            index = select_indices(scores[:, None], [self.budgets[layer_idx]], *self.options)[0]
         finally:
             self.busy = False
         self.kept.append(index)
         if self.keep_scores:
             self.scores.append(scores)
         self.seconds += self.clock() - start
+        return index
+
+    def evict(self, layer_idx: int) -> None:
+        """:meth:`select` layer ``layer_idx``, then cut its cache entries to the kept positions in place."""
+        index = self.select(layer_idx)
+        start = self.clock()
+        gather_layer(self.cache, layer_idx, index)
+        self.seconds += self.clock() - start
+
+    def hook(self, layer_idx: int, module: nn.Module, args: tuple, output: object) -> None:
+        """Forward hook of decoder layer ``layer_idx`` (bind the index with ``functools.partial``)."""
+        if not self.busy:
+            self.evict(layer_idx)
+
+    def check_done(self) -> None:
+        """Raise unless every decoder layer was evicted during the prefill."""
+        if len(self.kept) != self.num_layers:
+            raise RuntimeError(
+                f"{len(self.kept)} of {self.num_layers} decoder layers were evicted during the prefill"
+            )
 
 
 @torch.no_grad()
@@ -113,43 +170,22 @@ def streamed_compress(
 ) -> StreamedEviction:
     """Prefill ``ids (1, S)`` layer by layer, cutting each layer to its budget before the next one runs.
 
-    Args:
-        model: the frozen model (prepared with ``install_capture``; for LookaheadKV the adapter's base model).
-        press: a :attr:`~lkv.eviction.presses.base.Press.streamable` press.
-        budgets: ``C_l`` per layer (``press.layer_budgets``); ``C_l ≥ S`` keeps the layer whole.
-        sink, recent, kernel, pooling: the selector's options (:func:`select_indices`), merged with the
-            press's own protected window by the caller.
-        keep_scores: also return every layer's scores (a decode-time policy may seed from them).
-        clock: timer (the Compressor's waits for queued GPU work).
+    Args: as :class:`LayerEvictor` (``clock``: the Compressor's waits for queued GPU work).
     """
-    if not press.streamable:
-        raise ValueError(f"{press.name} has no layer-streamed eviction; use the two-phase path")
-    layers = model.get_decoder().layers
-    if len(budgets) != len(layers):
-        raise ValueError(f"got {len(budgets)} layer budgets for {len(layers)} decoder layers")
-    prompt_len = ids.shape[1]
-    capture = press.prefill_capture(prompt_len)
     cache = DynamicCache(config=model.config)
-    scorer = press.layer_scorer(StreamContext(model, ids, cache, capture))
-
-    def select(scores: torch.Tensor, layer_idx: int) -> torch.Tensor:
-        return select_indices(scores[:, None], [budgets[layer_idx]], sink, recent, kernel, pooling)[0]
-
-    evictor = _LayerEvictor(cache, scorer, select, keep_scores, clock)
-    handles = [layer.register_forward_hook(partial(evictor, i)) for i, layer in enumerate(layers)]
+    evictor = LayerEvictor(
+        model, press, ids, cache, budgets, sink, recent, kernel, pooling, keep_scores, clock
+    )
+    layers = model.get_decoder().layers
+    handles = [layer.register_forward_hook(partial(evictor.hook, i)) for i, layer in enumerate(layers)]
     start = clock()
     try:
-        cache, next_logits = prefill(
-            model, ids, cache=cache, **({} if capture is None else {"lkv_capture": capture})
-        )
+        cache, next_logits = prefill(model, ids, cache=cache, **evictor.forward_kwargs)
     finally:
         for handle in handles:
             handle.remove()
     total = clock() - start
-    if len(evictor.kept) != len(layers):
-        raise RuntimeError(
-            f"{len(evictor.kept)} of {len(layers)} decoder layers were evicted during the prefill"
-        )
+    evictor.check_done()
     return StreamedEviction(
         cache=CompressedCache(cache.layers),
         next_logits=next_logits,
