@@ -77,7 +77,12 @@ _REGISTERED = (
     ),
     Method("streamingllm", StreamingLLMPress, "prefill", "the first `sink` tokens plus the most recent ones"),
     Method("h2o", H2OPress, "prefill", "attention accumulated over every prompt query, plus a recent window"),
-    Method("tova", TOVAPress, "prefill", "attention of the last prompt query"),
+    Method(
+        "tova",
+        TOVAPress,
+        "prefill",
+        "attention of the last prompt query, averaged over all heads: one ranking per layer",
+    ),
     Method("random", RandomPress, "prefill", "random scores: the floor"),
     Method(
         "laq",

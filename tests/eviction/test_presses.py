@@ -18,7 +18,14 @@ from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.registry import METHODS, make_method
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
-from tests.reference import eager_reference, evicted_reference_logits, greedy_steps, keep_mask, naive_select
+from tests.reference import (
+    eager_attentions,
+    eager_reference,
+    evicted_reference_logits,
+    greedy_steps,
+    keep_mask,
+    naive_select,
+)
 
 BUDGET = 12
 
@@ -90,9 +97,14 @@ def test_tova_h2o_snapkv_scores_match_eager_attention(tiny_model):
         cache, logits = prefill(model, ids, lkv_capture=capture)
         return press.score(PressContext(model, ids, cache, logits, capture))[0]
 
+    last_query = eager_reference(model, ids, 30, 29)
     torch.testing.assert_close(
-        scores_of(make_method("tova")), eager_reference(model, ids, 30, 29), atol=1e-5, rtol=0
+        scores_of(make_method("tova", ranking="kv_group")), last_query, atol=1e-5, rtol=0
     )
+    # the paper's default: the last query's attention averaged over every query head, one ranking per layer
+    all_heads = torch.stack([att[0, :, -1, :30].mean(0) for att in eager_attentions(model, ids)])
+    tova = scores_of(make_method("tova"))
+    torch.testing.assert_close(tova, all_heads[:, None].expand_as(tova), atol=1e-5, rtol=0)
     torch.testing.assert_close(
         scores_of(make_method("h2o")), eager_reference(model, ids, 30, 0), atol=1e-5, rtol=0
     )
@@ -175,3 +187,8 @@ def test_snapkv_on_a_prompt_no_longer_than_its_window():
     scores = torch.rand(1, 2, 3, 20)
     assert torch.isinf(snapkv_scores(scores, window=32)).all()
     assert torch.isinf(snapkv_scores(scores, window=20)).all()
+
+
+def test_tova_ranking_is_checked():
+    with pytest.raises(ValueError, match="'layer' or 'kv_group'"):
+        make_method("tova", ranking="head")

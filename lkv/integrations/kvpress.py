@@ -1,0 +1,166 @@
+"""Trained lkv adapters (and lkv's other layer-streamable presses) as presses of NVIDIA kvpress.
+
+kvpress (``pip install 'lkv[kvpress]'``; it pins ``transformers<5.3``, so ``make kvpress-test`` builds its own
+environment) compresses each layer's cache from a forward hook on its attention module, during the
+context's prefill. :class:`LkvPress` plugs lkv's layer-streamed eviction
+(:class:`~lkv.eviction.streamed.LayerEvictor`) into that hook, so the scores, budgets and kept positions are
+exactly those of ``Compressor(..., streamed=True)``:
+
+- a pre-hook on the decoder reads the context ids, builds the evictor (budget ``C = kvpress's n_kept(S, ratio)``
+  per KV head, spread over layers by the press's schedule) and adds the press's attention capture to the
+  prefill's keywords;
+- kvpress's hook on attention module ``l`` then calls :meth:`LkvPress.compress`: the evictor scores layer
+  ``l`` — for LookaheadKV it runs the ``M`` lookahead tokens through layer ``l`` with the adapter on, beside
+  the prefill (:class:`~lkv.model.lookahead.LookaheadStream`) — and the layer's K/V are cut to the kept
+  positions before layer ``l + 1`` runs.
+
+Usage with kvpress's pipeline, question-agnostic (the context is compressed before the question is seen)::
+
+    model, tokenizer = load_backbone("smollm2-135m")
+    press = lookahead_press("runs/adapter", model, compression_ratio=0.75)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    pipe(context, question="What is the magic number?", press=press)["answer"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from kvpress import BasePress
+from kvpress.utils import compute_n_kept
+from torch import nn
+from transformers import PreTrainedModel
+
+from lkv.core.attention import install_capture
+from lkv.eviction.presses import LookaheadKVPress, Press
+from lkv.eviction.streamed import LayerEvictor
+
+# the cache keyword kvpress's pipeline passes (transformers < 5.24), and the one newer transformers reads
+_CACHE_KEYWORDS = ("past_key_values", "cache")
+
+
+@dataclass
+class LkvPress(BasePress):
+    """A layer-streamable lkv press (:attr:`~lkv.eviction.presses.base.Press.streamable`) as a kvpress press.
+
+    Args:
+        press: the lkv press, e.g. ``make_method("snapkv", window=64)`` or a loaded LookaheadKV
+            (:func:`lookahead_press`).
+        compression_ratio: the fraction of the context's entries to drop, kvpress's convention: each KV head
+            of each layer keeps ``C = max(1, int(S · (1 − ratio)))``; 0 compresses nothing.
+        sink, recent, kernel, pooling: lkv's selector options on top of the press's own protected window
+            (:func:`~lkv.eviction.presses.selector.select_indices`).
+
+    Every layer must keep the same count: kvpress's pipeline appends the question as one block, which a cache
+    with layers of different lengths cannot mask (so PyramidKV's schedule is refused here).
+    """
+
+    press: Press
+    compression_ratio: float = 0.0
+    sink: int = 0
+    recent: int = 0
+    kernel: int = 1
+    pooling: str = "max"
+    _model: PreTrainedModel | None = field(default=None, init=False, repr=False)
+    _evictor: LayerEvictor | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.press.streamable:
+            raise ValueError(
+                f"{self.press.name} needs the whole prompt before it scores a layer; kvpress compresses each "
+                "layer during the prefill, so only layer-streamable presses can run there"
+            )
+        if not 0 <= self.compression_ratio < 1:
+            raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
+
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
+        """Route the model's attention through lkv's capture (idempotent; outputs unchanged)."""
+        install_capture(model)
+        self._model = model
+
+    @contextmanager
+    def __call__(self, model: PreTrainedModel) -> Generator[None, None, None]:
+        """kvpress's hooks on every attention module, plus a pre-hook on the decoder that starts the evictor."""
+        decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
+        handle = decoder.register_forward_pre_hook(self._start, with_kwargs=True)
+        try:
+            with super().__call__(model):
+                yield
+            if self._evictor is not None:
+                self._evictor.check_done()
+        finally:
+            handle.remove()
+            self._evictor = None
+
+    def _start(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Decoder pre-hook: on a prefill into an empty cache, build the evictor and add its capture."""
+        ids = kwargs.get("input_ids")
+        cache = next((kwargs[name] for name in _CACHE_KEYWORDS if kwargs.get(name) is not None), None)
+        if self.compression_ratio == 0 or ids is None or cache is None or cache.get_seq_length() != 0:
+            return None
+        if ids.shape[0] != 1:
+            raise ValueError(f"lkv presses compress one sequence at a time, got a batch of {ids.shape[0]}")
+        prompt_len = ids.shape[1]
+        num_layers = self._model.config.num_hidden_layers
+        budget = compute_n_kept(prompt_len, self.compression_ratio)
+        budgets = self.press.layer_budgets(budget, prompt_len, num_layers)
+        if len({min(b, prompt_len) for b in budgets}) > 1:
+            raise ValueError(
+                f"{self.press.name} keeps different counts per layer ({min(budgets)}..{max(budgets)}); kvpress's "
+                "pipeline appends the question as one block, which needs every layer at the same length"
+            )
+        own_sink, own_recent = self.press.protected(prompt_len)
+        self._evictor = LayerEvictor(
+            self._model,
+            self.press,
+            ids,
+            cache,
+            budgets,
+            max(own_sink, self.sink),
+            max(own_recent, self.recent),
+            self.kernel,
+            self.pooling,
+        )
+        return args, {**kwargs, **self._evictor.forward_kwargs}
+
+    def forward_hook(self, module: nn.Module, input: list[torch.Tensor], kwargs: dict, output: list):
+        # Outside an lkv prefill, or while the evictor runs the layer again for the lookahead tokens: no-op.
+        if self._evictor is None or self._evictor.busy:
+            return output
+        return super().forward_hook(module, input, kwargs, output)
+
+    def compress(
+        self,
+        module: nn.Module,
+        hidden_states: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        attentions: torch.Tensor | None,
+        kwargs: dict,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``(1, kv_heads, S, head_dim)`` of layer ``module.layer_idx`` → ``(1, kv_heads, C,
+        head_dim)``, the positions lkv's selector keeps for that layer, in their original order."""
+        index = self._evictor.select(module.layer_idx)
+        index = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+        return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
+
+
+def lookahead_press(
+    adapter: str | Path, model: PreTrainedModel, compression_ratio: float = 0.0, **options
+) -> LkvPress:
+    """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``.
+
+    The adapter's LoRA is injected into ``model`` in place and stays off outside the lookahead tokens, so the
+    model still computes the base model for the context, the question and the answer; give the same model to
+    kvpress's pipeline.
+
+    Args:
+        adapter: the exported folder; model: the base model it was trained on (e.g. ``load_backbone(...)[0]``).
+        compression_ratio, options: as :class:`LkvPress`.
+    """
+    install_capture(model)
+    return LkvPress(LookaheadKVPress.from_folder(adapter, model), compression_ratio, **options)
