@@ -108,6 +108,21 @@ def test_tova_h2o_snapkv_scores_match_eager_attention(tiny_model):
     torch.testing.assert_close(
         scores_of(make_method("h2o")), eager_reference(model, ids, 30, 0), atol=1e-5, rtol=0
     )
+    # kvpress's ObservedAttentionPress: per key, the mean over the query heads of the group and over the
+    # causal queries that see it
+    observed = torch.stack(
+        [
+            att[0].sum(1).reshape(model.config.num_key_value_heads, -1, 30).mean(1) / torch.arange(30, 0, -1)
+            for att in eager_attentions(model, ids)
+        ]
+    )
+    visible_mean = scores_of(make_method("h2o", accumulate="visible_mean"))
+    torch.testing.assert_close(
+        visible_mean / visible_mean.sum(-1, keepdim=True),
+        observed / observed.sum(-1, keepdim=True),
+        atol=1e-5,
+        rtol=0,
+    )
     window = snapkv_scores(eager_reference(model, ids, 30, 24), window=6, kernel=3)
     torch.testing.assert_close(
         scores_of(make_method("snapkv", window=6, kernel=3)), window, atol=1e-5, rtol=0
@@ -192,3 +207,8 @@ def test_snapkv_on_a_prompt_no_longer_than_its_window():
 def test_tova_ranking_is_checked():
     with pytest.raises(ValueError, match="'layer' or 'kv_group'"):
         make_method("tova", ranking="head")
+
+
+def test_h2o_accumulation_is_checked():
+    with pytest.raises(ValueError, match="'sum' or 'visible_mean'"):
+        make_method("h2o", accumulate="max")
