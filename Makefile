@@ -2,6 +2,8 @@
 #   make test   — all tests (tiny random models + `slow` ones on the embedded SmolLM2)
 #   make lint   — ruff + the import layers (lint-imports)
 #   make demo   — the main job on the embedded default (label → fit → eval) on CPU
+#   make kvpress-test — lkv presses inside NVIDIA kvpress (own env: kvpress pins transformers<5.3, pandas<3)
+#   make test-lowest  — the fast tests on the lowest dependency versions pyproject allows
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +12,10 @@ BIN := $(VENV)/bin
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" test
 TORCH ?= torch==2.13.0
 
-.PHONY: install test test-fast lint demo clean
+KVPRESS_VENV ?= .venv-kvpress
+LOWEST_VENV ?= .venv-lowest
+
+.PHONY: install test test-fast lint demo clean kvpress-env kvpress-test lowest-env test-lowest
 
 $(BIN)/.lkv-installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -36,5 +41,33 @@ lint: install
 demo: install
 	$(BIN)/lkv demo --config configs/demo/smollm2_135m.yaml
 
+# lkv[kvpress] in its own environment, pinned by requirements/kvpress.txt (transformers 5.2, pandas 2);
+# tests/integrations/ skip themselves wherever kvpress is not installed.
+$(KVPRESS_VENV)/bin/.lkv-installed: pyproject.toml requirements/kvpress.txt
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(KVPRESS_VENV)/bin/python -m pip install -q $(TORCH)
+	$(KVPRESS_VENV)/bin/python -m pip install -q -c requirements/kvpress.txt -e '.[dev,kvpress]'
+	touch $@
+
+kvpress-env: $(KVPRESS_VENV)/bin/.lkv-installed
+
+kvpress-test: kvpress-env
+	$(KVPRESS_VENV)/bin/python -m pytest tests/integrations -m "slow or not slow" -q
+
+# The lowest version of every direct dependency that pyproject allows (requirements/lowest.txt; torch stays
+# $(TORCH): the lowest CPU build is not on this machine's index), then the fast tests.
+$(LOWEST_VENV)/bin/.lkv-installed: pyproject.toml requirements/lowest.txt
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q $(TORCH)
+	$(LOWEST_VENV)/bin/python -m pip install -q -c requirements/lowest.txt -e '.[dev]'
+	touch $@
+
+lowest-env: $(LOWEST_VENV)/bin/.lkv-installed
+
+test-lowest: lowest-env
+	$(LOWEST_VENV)/bin/python -m pytest -q
+
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) $(KVPRESS_VENV) $(LOWEST_VENV) *.egg-info
