@@ -7,7 +7,7 @@ kept set is computed twice per layer and KV head:
 - kvpress: one prefill under a recording press that calls every kvpress press's ``score`` on each layer's
   keys, values, hidden states and eager attention; kept = ``scores.topk(n_kept)`` as ``ScorerPress`` does
   (``n_kept`` from ``PyramidKVPress.get_layer_budget`` for PyramidKV);
-- lkv: ``Compressor.score`` (lkv's own attention capture), then the shared selector at the same per-layer
+- lkv: one prefill with every press's attention capture (lkv's own fp32 capture), ``press.score``, then the shared selector at the same per-layer
   budgets with the method's protected window (+ the listed selector options).
 
 The prefill's hidden states do not depend on what earlier layers evicted, so one prefill scores every
@@ -37,7 +37,8 @@ from transformers import DynamicCache
 from transformers.utils import logging as hf_logging
 
 from lkv.core.compat import cache_kwargs
-from lkv.eviction.compressor import Compressor
+from lkv.core.generation import prefill
+from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.selector import select_indices
 from lkv.eviction.registry import make_method
 from lkv.labels.prompts import BuiltinPrompts
@@ -125,6 +126,16 @@ def kvpress_kept(recorder: _Recorder, check: Check, prompt_len: int, budget: int
     return kept
 
 
+def lkv_scored(model, ids: torch.Tensor, presses: list[Press]) -> list[tuple[Press, torch.Tensor]]:
+    """Every press's ``(1, layers, kv_heads, S)`` scores from one prefill carrying all their captures."""
+    captures = [press.prefill_capture(ids.shape[1]) for press in presses]
+    cache, logits = prefill(model, ids, lkv_capture=[c for c in captures if c is not None])
+    return [
+        (press, press.score(PressContext(model, ids, cache, logits, capture)))
+        for press, capture in zip(presses, captures, strict=True)
+    ]
+
+
 def describe(press: ScorerPress) -> str:
     """``SnapKVPress(window_size=64, kernel_size=5)``: the press and its settings other than the ratio."""
     settings = {k: v for k, v in vars(press).items() if k != "compression_ratio"}
@@ -168,9 +179,8 @@ def main() -> None:
         recorder = _Recorder(presses={c.label: c.kvpress for c in CHECKS})
         with recorder(model), torch.no_grad():
             model.model(input_ids=ids, **cache_kwargs(DynamicCache(config=model.config)))
-        for check in CHECKS:
-            press = make_method(check.lkv, **check.settings)
-            scores = Compressor(model, tokenizer, press, budget=prompt_len).score(ids).scores
+        lkv_scores = lkv_scored(model, ids, [make_method(c.lkv, **c.settings) for c in CHECKS])
+        for check, (press, scores) in zip(CHECKS, lkv_scores, strict=True):
             if check.pad_counted_pool:
                 split = prompt_len - check.settings["window"]
                 prefix = torch.nn.functional.avg_pool1d(

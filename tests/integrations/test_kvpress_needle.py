@@ -53,7 +53,7 @@ def test_kvpress_pipeline_finds_the_needle_with_a_trained_adapter(trained_adapte
     model, tokenizer = load_backbone("smollm2-135m")
     sample = NeedleTask(lengths=(1024,), depths=(0.5,)).samples(tokenizer)[0]
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
-    press = lookahead_press(trained_adapter, model, compression_ratio=RATIO)
+    press = lookahead_press(trained_adapter, model, compression_ratio=0.75)
     answer = pipe(
         sample.context,
         question=sample.question,
