@@ -23,9 +23,9 @@ def load_gguf(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A dense model and its tokenizer from a ``.gguf`` file, with no quantization state left.
 
-    ``GgufConfig(dequantize=True)`` (:func:`~lkv.core.compat.gguf_dense_kwargs`; before transformers 5.17 every GGUF
-    load is dense) unpacks every weight into a plain ``nn.Linear`` and has transformers
-    remove ``config.quantization_config`` and ``hf_quantizer`` itself, so the model saves like any other.
+    ``GgufConfig(dequantize=True)`` (:func:`~lkv.core.compat.gguf_dense_kwargs`; before transformers 5.17 every
+    GGUF load is dense) unpacks every weight into a plain ``nn.Linear`` and has transformers remove
+    ``config.quantization_config`` and ``hf_quantizer`` itself, so the model saves like any other.
     (Without it, transformers keeps a GGUF quantizer that refuses ``save_pretrained``, and where the
     ``kernels`` package is installed it leaves weights packed in GGUF blocks.)
     """
