@@ -41,7 +41,7 @@ from lkv.core.generation import prefill
 from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.selector import select_indices
 from lkv.eviction.registry import make_method
-from lkv.labels.prompts import BuiltinPrompts
+from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.model.backbone import load_backbone
 
 

@@ -35,7 +35,7 @@ def trained_adapter(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("adapter")
     lkv(
         "label", "--output", "labels", "--response_tokens", "32", "--max_prompt_tokens", "512",
-        "--prompts.class_path", "lkv.labels.prompts.BuiltinPrompts",
+        "--prompts.class_path", "lkv.labels.builtin_prompts.BuiltinPrompts",
         "--prompts.init_args.split", "train", "--prompts.init_args.num_prompts", "6",
         cwd=work,
     )  # fmt: skip
