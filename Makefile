@@ -11,18 +11,25 @@ BIN := $(VENV)/bin
 # regular PyPI (CUDA) build elsewhere. Override for other builds, e.g.
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" test
 TORCH ?= torch==2.13.0
+comma := ,
 
 KVPRESS_VENV ?= .venv-kvpress
 LOWEST_VENV ?= .venv-lowest
 
 .PHONY: install test test-fast lint demo clean kvpress-env kvpress-test lowest-env test-lowest
 
-$(BIN)/.lkv-installed: pyproject.toml requirements/constraints.txt
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[dev]'
-	touch $@
+# One environment: venv, pip, torch ($(TORCH)), then lkv with extras $(3) under the pins of $(2).
+#   $(call lkv_env,FOLDER,PINS,EXTRAS)
+define lkv_env
+$(1)/bin/.lkv-installed: pyproject.toml $(2)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q $(TORCH)
+	$(1)/bin/python -m pip install -q -c $(2) -e '.[$(3)]'
+	touch $$@
+endef
+
+$(eval $(call lkv_env,$(VENV),requirements/constraints.txt,dev))
 
 install: $(BIN)/.lkv-installed
 
@@ -43,12 +50,7 @@ demo: install
 
 # lkv[kvpress] in its own environment, pinned by requirements/kvpress.txt (transformers 5.2, pandas 2);
 # tests/integrations/ skip themselves wherever kvpress is not installed.
-$(KVPRESS_VENV)/bin/.lkv-installed: pyproject.toml requirements/kvpress.txt
-	$(PYTHON) -m venv $(KVPRESS_VENV)
-	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(KVPRESS_VENV)/bin/python -m pip install -q $(TORCH)
-	$(KVPRESS_VENV)/bin/python -m pip install -q -c requirements/kvpress.txt -e '.[dev,kvpress]'
-	touch $@
+$(eval $(call lkv_env,$(KVPRESS_VENV),requirements/kvpress.txt,dev$(comma)kvpress))
 
 kvpress-env: $(KVPRESS_VENV)/bin/.lkv-installed
 
@@ -59,12 +61,7 @@ kvpress-test: kvpress-env
 
 # The lowest version of every direct dependency that pyproject allows (requirements/lowest.txt; torch stays
 # $(TORCH): the lowest CPU build is not on this machine's index), then the fast tests.
-$(LOWEST_VENV)/bin/.lkv-installed: pyproject.toml requirements/lowest.txt
-	$(PYTHON) -m venv $(LOWEST_VENV)
-	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LOWEST_VENV)/bin/python -m pip install -q $(TORCH)
-	$(LOWEST_VENV)/bin/python -m pip install -q -c requirements/lowest.txt -e '.[dev]'
-	touch $@
+$(eval $(call lkv_env,$(LOWEST_VENV),requirements/lowest.txt,dev))
 
 lowest-env: $(LOWEST_VENV)/bin/.lkv-installed
 
