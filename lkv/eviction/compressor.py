@@ -42,7 +42,7 @@ from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
-from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
+from lkv.eviction.presses import LookaheadKVPress, Press, PressContext, check_pooling
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
@@ -169,7 +169,7 @@ class Compressor:
         press: an eviction method, or its name in :data:`lkv.eviction.registry.METHODS`.
         budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``).
         sink, recent: leading / trailing prompt tokens always kept, on top of the method's own.
-        kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``max``/``avg``).
+        kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``POOLING_MODES``).
         decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
         streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
@@ -205,10 +205,7 @@ class Compressor:
         self.budget = check_budget(budget)
         if sink < 0 or recent < 0:
             raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
-        if kernel < 1 or kernel % 2 == 0:
-            raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
-        if pooling not in ("max", "avg"):
-            raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
+        check_pooling(kernel, pooling)
         self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
         self.streamed = streamed
         self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)

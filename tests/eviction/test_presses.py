@@ -212,3 +212,25 @@ def test_tova_ranking_is_checked():
 def test_h2o_accumulation_is_checked():
     with pytest.raises(ValueError, match="'sum' or 'visible_mean'"):
         make_method("h2o", accumulate="max")
+
+
+def test_snapkv_pooling_modes_differ_only_at_the_prefix_edges():
+    """``avg`` divides by the real values under the kernel, ``avg_zero_pad`` by the kernel (kvpress's pooling)."""
+    attention = torch.rand(1, 2, 3, 40) + 0.1
+    real = snapkv_scores(attention, window=8, kernel=5, pooling="avg")
+    padded = snapkv_scores(attention, window=8, kernel=5, pooling="avg_zero_pad")
+    prefix = attention[..., :32]
+    # Position 0 sees 3 real values (0, 1, 2); the last prefix position 31 sees 29, 30, 31.
+    torch.testing.assert_close(real[..., 0], prefix[..., :3].mean(-1))
+    torch.testing.assert_close(padded[..., 0], prefix[..., :3].sum(-1) / 5)
+    torch.testing.assert_close(padded[..., 31], prefix[..., 29:].sum(-1) / 5)
+    torch.testing.assert_close(real[..., 2:30], padded[..., 2:30])
+    assert torch.isinf(padded[..., 32:]).all()
+
+
+@pytest.mark.parametrize("method", ["snapkv", "pyramidkv"])
+def test_pooling_mode_is_checked_when_the_press_is_made(method):
+    with pytest.raises(ValueError, match="max, avg, avg_zero_pad; got 'median'"):
+        make_method(method, pooling="median")
+    with pytest.raises(ValueError, match="odd number"):
+        make_method(method, kernel=4)

@@ -5,7 +5,15 @@ One file per method; :mod:`lkv.eviction.registry` names them (``make_method("sna
 
 from __future__ import annotations
 
-from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext, pool_scores
+from lkv.eviction.presses.base import (
+    POOLING_MODES,
+    LayerScorer,
+    Press,
+    PressContext,
+    StreamContext,
+    check_pooling,
+    pool_scores,
+)
 from lkv.eviction.presses.full import FullKVPress
 from lkv.eviction.presses.h2o import H2OPress
 from lkv.eviction.presses.laq import LAQPress
@@ -19,6 +27,7 @@ from lkv.eviction.presses.streaming import StreamingLLMPress
 from lkv.eviction.presses.tova import TOVAPress
 
 __all__ = [
+    "POOLING_MODES",
     "FullKVPress",
     "H2OPress",
     "LAQPress",
@@ -34,5 +43,6 @@ __all__ = [
     "StreamContext",
     "StreamingLLMPress",
     "TOVAPress",
+    "check_pooling",
     "pool_scores",
 ]

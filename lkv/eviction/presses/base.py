@@ -113,24 +113,37 @@ class Press(ABC):
         return [budget] * num_layers
 
 
+POOLING_MODES = ("max", "avg", "avg_zero_pad")
+"""1-D pooling modes: ``max``; ``avg`` over the real values under the kernel (at the prefix's edges fewer than
+``kernel``); ``avg_zero_pad`` divides by ``kernel`` everywhere, counting the zero padding at the edges
+(``F.avg_pool1d``'s default, as NVIDIA kvpress's SnapKV/PyramidKV pool)."""
+
+
+def check_pooling(kernel: int, pooling: str) -> None:
+    """Raise a clear error unless ``kernel`` is odd and ≥ 1 and ``pooling`` is one of :data:`POOLING_MODES`."""
+    if kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}; got {pooling!r}")
+
+
 def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.Tensor:
     """1-D pooling along the sequence (SnapKV's clustering), same length out.
 
     Args:
         scores: ``(..., S)``.
         kernel: odd window size; 1 returns ``scores`` unchanged.
-        mode: ``"max"`` or ``"avg"``.
+        mode: one of :data:`POOLING_MODES`.
     """
-    if kernel <= 1 or scores.shape[-1] == 0:
+    check_pooling(kernel, mode)
+    if kernel == 1 or scores.shape[-1] == 0:
         return scores
-    if kernel % 2 == 0:
-        raise ValueError(f"pooling kernel must be odd, got {kernel}")
     shape = scores.shape
     flat = scores.reshape(-1, 1, shape[-1])
     if mode == "max":
         pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
-    elif mode == "avg":
-        pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=False)
     else:
-        raise ValueError(f"pooling mode must be 'max' or 'avg', got {mode!r}")
+        pooled = F.avg_pool1d(
+            flat, kernel, stride=1, padding=kernel // 2, count_include_pad=mode == "avg_zero_pad"
+        )
     return pooled.reshape(shape)

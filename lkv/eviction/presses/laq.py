@@ -19,7 +19,7 @@ from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import CompressedCache, gather_cache
 from lkv.core.generation import crop_to, decode
 from lkv.core.importance import response_importance
-from lkv.eviction.presses.base import Press, PressContext, pool_scores
+from lkv.eviction.presses.base import Press, PressContext, check_pooling, pool_scores
 from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
 from lkv.eviction.presses.snapkv import snapkv_scores
 
@@ -43,10 +43,7 @@ class PseudoQueryPress(Press):
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
         if window <= 0:
             raise ValueError(f"window must be positive, got {window}")
-        if kernel < 1 or kernel % 2 == 0:
-            raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
-        if pooling not in ("max", "avg"):
-            raise ValueError(f"pooling must be 'max' or 'avg', got {pooling!r}")
+        check_pooling(kernel, pooling)
         self.num_tokens = num_tokens
         self.window = window
         self.kernel = kernel

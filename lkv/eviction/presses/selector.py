@@ -65,7 +65,7 @@ def select_indices(
         budgets: ``C_l`` per layer; ``C_l ≥ S`` keeps the whole layer.
         sink, recent: the first ``sink`` and last ``recent`` positions are always kept (they count against
             the budget).
-        kernel, pooling: optional 1-D pooling of the finite scores (``max``/``avg``, odd kernel; 1 = none).
+        kernel, pooling: optional 1-D pooling of the finite scores (``POOLING_MODES``, odd kernel; 1 = none).
 
     Returns:
         one ``(1, kv_heads, C_l)`` int64 tensor per layer, positions in ascending (original) order.

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from lkv.core.attention import ImportanceCapture
-from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext, pool_scores
+from lkv.eviction.presses.base import (
+    LayerScorer,
+    Press,
+    PressContext,
+    StreamContext,
+    check_pooling,
+    pool_scores,
+)
 
 
 def snapkv_scores(
@@ -16,7 +23,7 @@ def snapkv_scores(
     Args:
         window_attention: ``(..., S)`` attention of the last ``window`` queries on the prompt (any scale).
         window: observation window size; its positions get ``+inf`` (always kept).
-        kernel, pooling: 1-D pooling over the prefix (paper: 7, max).
+        kernel, pooling: 1-D pooling over the prefix (paper: 7, max; :data:`~lkv.eviction.presses.base.POOLING_MODES`).
 
     Returns:
         ``(..., S)`` scores: pooled prefix attention, ``+inf`` on the window.
@@ -29,7 +36,11 @@ def snapkv_scores(
 
 
 class SnapKVPress(Press):
-    """SnapKV (Li et al., 2024); defaults are the paper settings: window 32, max-pool kernel 7."""
+    """SnapKV (Li et al., 2024); defaults are the paper settings: window 32, max-pool kernel 7.
+
+    ``pooling="avg_zero_pad"`` pools as NVIDIA kvpress's ``SnapKVPress`` does (its kept sets equal lkv's
+    then; docs/kvpress.md); ``"avg"`` does not penalise the prefix's edge tokens for the zero padding.
+    """
 
     name = "snapkv"
     streamable = True
@@ -37,6 +48,7 @@ class SnapKVPress(Press):
     def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "max") -> None:
         if window <= 0:
             raise ValueError(f"window must be positive, got {window}")
+        check_pooling(kernel, pooling)
         self.window = window
         self.kernel = kernel
         self.pooling = pooling
