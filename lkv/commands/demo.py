@@ -15,7 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -163,6 +163,7 @@ def demo(
     response_tokens: int = 64,
     max_prompt_tokens: int = 1024,
     label_batch_size: int = 8,
+    label_mode: Literal["aware", "agnostic"] = "aware",
     train_config: str = "configs/smollm2_135m.yaml",
     max_epochs: int | None = None,
     eval_config: str = "configs/eval/default.yaml",
@@ -184,6 +185,8 @@ def demo(
         response_tokens: R, response tokens per label.
         max_prompt_tokens: prompt length limit of the labels.
         label_batch_size: prompts labelled together (``lkv label --batch_size``; same labels as 1, faster).
+        label_mode: ``aware`` or ``agnostic`` (``lkv label --label_mode``: a module for question-agnostic
+            compression, labelled one prompt at a time; evaluate it with ``settings: [agnostic]``).
         train_config: LightningCLI training recipe (its data paths, logger and checkpoint folder are redirected).
         max_epochs: override the recipe's epochs.
         eval_config: ``lkv eval`` suite (output, adapter and importance labels are set by the demo).
@@ -216,6 +219,7 @@ def demo(
                 max_prompt_tokens=max_prompt_tokens,
                 truncation="middle",
                 batch_size=label_batch_size,
+                label_mode=label_mode,
                 progress=progress,
             ),
         )

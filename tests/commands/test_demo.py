@@ -102,10 +102,12 @@ def test_eval_arguments_point_the_importance_task_at_the_demo_labels(tmp_path):
 
 def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, capsys):
     calls: list[str] = []
+    modes: list[str] = []
     out = tmp_path / "report"
 
     def fake_label(output, prompts, **kwargs):
         calls.append(f"label {prompts.split} {prompts.num_prompts}")
+        modes.append(kwargs["label_mode"])
         return "labelled"
 
     def fake_fit(args):
@@ -163,3 +165,7 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     demo(**settings, refit=True)  # a new adapter: the old results go
     assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval", "trace"]
     assert len((out / "results.jsonl").read_text().splitlines()) == 1
+    assert set(modes) == {"aware"}
+
+    demo(**settings, label_mode="agnostic")  # question-agnostic labels reach both label runs
+    assert modes[-2:] == ["agnostic", "agnostic"]
