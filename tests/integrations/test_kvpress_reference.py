@@ -1,0 +1,43 @@
+"""lkv's baselines keep what NVIDIA kvpress's implementations keep, at matched settings (docs/kvpress.md).
+
+Runs in the kvpress environment (``make kvpress-test``); skipped where kvpress is not installed.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("kvpress")
+
+from lkv.integrations.kvpress_reference import default_checks, reference_overlaps  # noqa: E402
+from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
+
+PROMPT_LEN = 160
+WINDOW = 16
+# Matched settings: kvpress's conventions as lkv options. The defaults that follow the papers instead
+# (avg pooling over real values, H2O's attention sum, TOVA per KV group) are the other rows of the table.
+MATCHED = ["snapkv (avg_zero_pad)", "pyramidkv (avg_zero_pad)", "streamingllm", "tova", "h2o (visible_mean)"]
+# The papers' conventions, which lkv keeps as defaults: the check must see them differ on these prompts.
+DIFFERING = ["snapkv", "pyramidkv", "tova (kv_group)"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def overlaps(request) -> dict[tuple[str, str], list[float]]:
+    model, _ = build_tiny_model(request.param, attn_implementation="eager")
+    ids = torch.randint(
+        3, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0)
+    )
+    checks = [check for check in default_checks(window=WINDOW) if check.label in MATCHED + DIFFERING]
+    budgets = {"24": 24, "48": 48, "S/2": PROMPT_LEN // 2}
+    return reference_overlaps(model, ids, checks, budgets)
+
+
+@pytest.mark.parametrize("label", MATCHED)
+def test_matched_settings_keep_kvpress_sets(overlaps, label):
+    for budget in ("24", "48", "S/2"):
+        values = overlaps[(label, budget)]
+        assert min(values) == 1.0, f"{label} at C={budget}: overlap {min(values):.3f} (per layer and KV head)"
+
+
+@pytest.mark.parametrize("label", DIFFERING)
+def test_the_papers_conventions_keep_other_tokens(overlaps, label):
+    assert min(min(overlaps[(label, budget)]) for budget in ("24", "48", "S/2")) < 1.0
