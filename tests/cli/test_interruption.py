@@ -136,7 +136,6 @@ def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint(tmp_path, m
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_training_loader_resumes_mid_epoch_and_keeps_later_epochs(workspace, streaming, no_stream_sleep):
-
     def loader(state: dict | None = None) -> tuple[LabelDataModule, StatefulDataLoader]:
         data = LabelDataModule(train=str(workspace / "train"), streaming=streaming, seed=1, shuffle_buffer=4)
         data.setup("fit")
