@@ -60,12 +60,15 @@ kvpress-test: kvpress-env
 	$(KVPRESS_VENV)/bin/python -m pytest tests/integrations $(KVPRESS_TESTS) -q
 
 # The lowest version of every direct dependency that pyproject allows (requirements/lowest.txt; torch stays
-# $(TORCH): the lowest CPU build is not on this machine's index), then the fast tests.
+# $(TORCH): the lowest CPU build is not on this machine's index), then ruff (its bound is the style's) and the
+# fast tests (tests/test_layers.py runs lint-imports).
 $(eval $(call lkv_env,$(LOWEST_VENV),requirements/lowest.txt,dev))
 
 lowest-env: $(LOWEST_VENV)/bin/.lkv-installed
 
 test-lowest: lowest-env
+	$(LOWEST_VENV)/bin/ruff check lkv tests scripts
+	$(LOWEST_VENV)/bin/ruff format --check lkv tests scripts
 	$(LOWEST_VENV)/bin/python -m pytest -q
 
 clean:
