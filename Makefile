@@ -15,16 +15,19 @@ comma := ,
 
 KVPRESS_VENV ?= .venv-kvpress
 LOWEST_VENV ?= .venv-lowest
+# pyproject's torch bound. PyPI has no CPU-only 2.4 build for Linux: this is the CUDA one (~3 GB to download,
+# ~5 GB installed with its nvidia-* libraries), which also runs on CPU.
+LOWEST_TORCH ?= torch==2.4.0
 
 .PHONY: install test test-fast lint demo clean kvpress-env kvpress-test lowest-env test-lowest
 
-# One environment: venv, pip, torch ($(TORCH)), then lkv with extras $(3) under the pins of $(2).
-#   $(call lkv_env,FOLDER,PINS,EXTRAS)
+# One environment: venv, pip, torch ($(4), else $(TORCH)), then lkv with extras $(3) under the pins of $(2).
+#   $(call lkv_env,FOLDER,PINS,EXTRAS[,TORCH])
 define lkv_env
 $(1)/bin/.lkv-installed: pyproject.toml $(2)
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip
-	$(1)/bin/python -m pip install -q $(TORCH)
+	$(1)/bin/python -m pip install -q $(or $(4),$(TORCH))
 	$(1)/bin/python -m pip install -q -c $(2) -e '.[$(3)]'
 	touch $$@
 endef
@@ -59,13 +62,15 @@ KVPRESS_TESTS ?= -m "slow or not slow"
 kvpress-test: kvpress-env
 	$(KVPRESS_VENV)/bin/python -m pytest tests/integrations $(KVPRESS_TESTS) -q
 
-# The lowest version of every direct dependency that pyproject allows (requirements/lowest.txt; torch stays
-# $(TORCH): the lowest CPU build is not on this machine's index), then the fast tests.
-$(eval $(call lkv_env,$(LOWEST_VENV),requirements/lowest.txt,dev))
+# The lowest version of every direct dependency that pyproject allows (requirements/lowest.txt, torch
+# $(LOWEST_TORCH)), then ruff (its bound is the style's) and the fast tests (tests/test_layers.py runs lint-imports).
+$(eval $(call lkv_env,$(LOWEST_VENV),requirements/lowest.txt,dev,$(LOWEST_TORCH)))
 
 lowest-env: $(LOWEST_VENV)/bin/.lkv-installed
 
 test-lowest: lowest-env
+	$(LOWEST_VENV)/bin/ruff check lkv tests scripts
+	$(LOWEST_VENV)/bin/ruff format --check lkv tests scripts
 	$(LOWEST_VENV)/bin/python -m pytest -q
 
 clean:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import datasets
 import lightning as L
 import pytest
 import torch
@@ -234,6 +235,13 @@ def make_label_folder(
 
 
 TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+
+
+@pytest.fixture
+def no_stream_sleep(monkeypatch) -> None:
+    """No pause after each streamed pass: recent datasets releases sleep 5 s there (a pyarrow thread-shutdown
+    workaround; ``datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN``), older ones such as 4.0 have no such pause."""
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0, raising=False)
 
 
 @pytest.fixture

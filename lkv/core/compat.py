@@ -1,4 +1,4 @@
-"""The few transformers APIs that changed between the releases lkv supports (5.0 and later), in one place.
+"""The few transformers APIs that changed between the releases lkv supports (5.2 and later), in one place.
 
 Everything else in lkv calls transformers directly. What differs:
 

@@ -23,6 +23,8 @@ import copy
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,22 @@ def _adapter_parameters(model: nn.Module, adapter_name: str | None = None) -> li
     return params
 
 
+@contextmanager
+def _trainability_kept(model: nn.Module) -> Iterator[None]:
+    """Give every adapter parameter already on ``model`` its ``requires_grad`` back after the block.
+
+    peft flips it for the adapters a call does not name: ``set_adapter`` and ``enable/disable_adapter_layers``
+    (all releases) and ``add_adapter`` (up to 0.20, which freezes the other inactive adapters). Trainability
+    is this module's to decide (DDP registers the parameters that require grad once, while the adapter is off).
+    """
+    before = [(p, p.requires_grad) for p in _adapter_parameters(model)]
+    try:
+        yield
+    finally:
+        for p, requires_grad in before:
+            p.requires_grad_(requires_grad)
+
+
 class LookaheadAdapter(nn.Module):
     """Frozen model + ``M`` lookahead embeddings + a peft LoRA adapter that is active ONLY inside :meth:`predict`.
 
@@ -244,7 +262,8 @@ class LookaheadAdapter(nn.Module):
             if shared:
                 if adapter_name in model.peft_config:
                     raise ValueError(f"the model already has a LoRA adapter named {adapter_name!r}")
-                model.add_adapter(adapter_name, lora)
+                with _trainability_kept(model):  # the other modules' adapters keep their trainability
+                    model.add_adapter(adapter_name, lora)
             else:
                 model = get_peft_model(model, lora, adapter_name=adapter_name)
         return cls(model, embeddings, config, trainable=True, adapter_name=adapter_name)
@@ -323,17 +342,13 @@ class LookaheadAdapter(nn.Module):
     def _set_adapter(self, enabled: bool) -> None:
         if not self.config.uses_lora:
             return
-        # peft flips requires_grad with the switch (of every adapter on the model); trainability must not
-        # depend on it (DDP registers the parameters that require grad once, while the adapter is off).
-        everyone = [(p, p.requires_grad) for p in _adapter_parameters(self.model)]
-        if enabled:
-            # the active adapter is per model: another module's step may have made its own adapter active
-            self.model.set_adapter(self.adapter_name)
-            self.model.base_model.enable_adapter_layers()
-        else:
-            self.model.base_model.disable_adapter_layers()
-        for p, requires_grad in everyone:
-            p.requires_grad_(requires_grad)
+        with _trainability_kept(self.model):
+            if enabled:
+                # the active adapter is per model: another module's step may have made its own adapter active
+                self.model.set_adapter(self.adapter_name)
+                self.model.base_model.enable_adapter_layers()
+            else:
+                self.model.base_model.disable_adapter_layers()
         for p in self._adapter_params:
             p.requires_grad_(self.trainable)
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -136,10 +135,7 @@ def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint(tmp_path, m
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_training_loader_resumes_mid_epoch_and_keeps_later_epochs(workspace, streaming, monkeypatch):
-    # datasets waits 5 s after each streamed pass (a pyarrow thread-shutdown workaround); not needed here
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
-
+def test_training_loader_resumes_mid_epoch_and_keeps_later_epochs(workspace, streaming, no_stream_sleep):
     def loader(state: dict | None = None) -> tuple[LabelDataModule, StatefulDataLoader]:
         data = LabelDataModule(train=str(workspace / "train"), streaming=streaming, seed=1, shuffle_buffer=4)
         data.setup("fit")

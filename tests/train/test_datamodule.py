@@ -1,6 +1,5 @@
 """LabelDataModule: variable-length batches, streaming, seeded shuffling, responses-only mode, model checks."""
 
-import datasets
 import pytest
 import torch
 
@@ -34,9 +33,7 @@ def test_batches_keep_variable_lengths(tiny_llama, tmp_path):
     assert dm.val_dataloader() == []  # no validation folder: Lightning skips validation
 
 
-def test_shuffling_is_seeded_and_streaming_sees_the_same_samples(tiny_llama, tmp_path, monkeypatch):
-    # datasets waits 5 s after each streamed pass (a pyarrow thread-shutdown workaround); not needed here
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+def test_shuffling_is_seeded_and_streaming_sees_the_same_samples(tiny_llama, tmp_path, no_stream_sleep):
     model, tokenizer = tiny_llama
     folder = str(make_label_folder(model, tokenizer, tmp_path / "train", num=7))
     order = ids_of(train_loader(LabelDataModule(train=folder, shuffle=False)))
@@ -92,9 +89,8 @@ def epochs_of(dm: LabelDataModule, epochs: int) -> list[list[str]]:
 
 
 @pytest.fixture
-def two_sources(tiny_llama, tmp_path, monkeypatch) -> tuple[str, str]:
+def two_sources(tiny_llama, tmp_path, no_stream_sleep) -> tuple[str, str]:
     """Label folders ``a`` (6 rows, ids s0-*) and ``b`` (3 rows, ids s1-*) of the tiny Llama."""
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
     model, tokenizer = tiny_llama
     a = make_label_folder(model, tokenizer, tmp_path / "a", num=6, seed=0, shard_size=4)
     b = make_label_folder(model, tokenizer, tmp_path / "b", num=3, seed=1, shard_size=2)
