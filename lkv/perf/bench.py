@@ -52,7 +52,9 @@ def build_case(bench: Workbench, which: str, variant: str, length: int) -> Case:
 
 def memory_case(which: str, variant: str, length: int, settings: dict[str, Any]) -> Case:
     """Entry point of the CPU memory subprocess: one case, built from scratch."""
-    return build_case(Workbench(BenchSettings(**settings)), which, variant, length)
+    return build_case(
+        Workbench(BenchSettings(**settings), share_model=SUITES[which].one_model), which, variant, length
+    )
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -188,7 +190,8 @@ def run_benchmarks(
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)
-    workbench = Workbench(settings)
+    # one model in memory, not two, when no selected suite compares the plain model with the lookahead one
+    workbench = Workbench(settings, share_model=all(SUITES[n].one_model for n in selected if n in SUITES))
     # the settings' device, not the model's: asking the model would load it (train-memory never does)
     device = torch.device(settings.device or "cpu")
     results: dict[str, Any] = {"environment": environment(threads, device), "benchmarks": {}}

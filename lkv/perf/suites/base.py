@@ -54,6 +54,9 @@ class Suite(ABC):
     default_lengths: ClassVar[tuple[int, ...]]
     #: whether the runner measures each variant's peak memory (a fresh subprocess per variant on the CPU)
     measures_memory: ClassVar[bool] = False
+    #: whether every case runs one model only (the lookahead module's, or the plain one), so the workbench may
+    #: inject the lookahead module into the model itself instead of a copy: half the weights' memory
+    one_model: ClassVar[bool] = False
 
     @abstractmethod
     def variants(self, settings: BenchSettings, length: int | None = None) -> list[str]:

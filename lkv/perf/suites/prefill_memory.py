@@ -22,6 +22,7 @@ class PrefillMemory(Suite):
     name = "prefill-memory"
     default_lengths = (4096, 8192)
     measures_memory = True
+    one_model = True  # LookaheadKV runs its module's base model; any other method the plain model
 
     def variants(self, settings: BenchSettings, length: int | None = None) -> list[str]:
         return ["two-phase", "streamed"]
