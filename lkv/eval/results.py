@@ -52,18 +52,32 @@ def fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_run(output: Path, info: dict[str, Any]) -> None:
-    """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings."""
+def check_run(output: Path, info: dict[str, Any], unused_when_none: tuple[str, ...] = ("adapter",)) -> None:
+    """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings.
+
+    A key of ``unused_when_none`` that is None in one of the two runs was not used by it (no ``lookaheadkv``
+    rows without an adapter), so it is not compared: baselines evaluated first are kept when a later run adds
+    the adapter's rows to the folder, and ``run.json`` then records the adapter. Two different adapters are
+    still refused.
+    """
     path = output / RUN_FILE
     if path.exists():
         previous = json.loads(path.read_text())
-        differing = sorted(k for k in info if previous.get(k) != info[k])
+        differing = sorted(
+            k
+            for k in info
+            if previous.get(k) != info[k]
+            and not (k in unused_when_none and (previous.get(k) is None or info[k] is None))
+        )
         if differing:
             raise ValueError(
                 f"{output} holds results of another run (differs in: {', '.join(differing)}: "
                 f"{ {k: previous.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
                 "use another --output or delete the folder"
             )
+        merged = {**info, **{k: v for k, v in previous.items() if v is not None}}
+        if merged != previous:
+            path.write_text(json.dumps(merged, indent=2, sort_keys=True))
         return
     output.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2, sort_keys=True))

@@ -217,6 +217,19 @@ def test_a_folder_of_another_run_is_refused(tmp_path):
     check_run(tmp_path, {"model": "m", "adapter": "aaa"})  # same run: resumes
     with pytest.raises(ValueError, match=r"another run \(differs in: adapter"):
         check_run(tmp_path, {"model": "m", "adapter": "bbb"})
+    with pytest.raises(ValueError, match=r"another run \(differs in: model"):
+        check_run(tmp_path, {"model": "n", "adapter": None})
+
+
+def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
+    # a run without lookaheadkv (adapter None) and a later one with it share the folder; the adapter is kept
+    check_run(tmp_path, {"model": "m", "adapter": None})
+    check_run(tmp_path, {"model": "m", "adapter": "aaa"})
+    assert json.loads((tmp_path / "run.json").read_text()) == {"model": "m", "adapter": "aaa"}
+    check_run(tmp_path, {"model": "m", "adapter": None})  # more baselines: the adapter's rows stay valid
+    assert json.loads((tmp_path / "run.json").read_text())["adapter"] == "aaa"
+    with pytest.raises(ValueError, match=r"another run \(differs in: adapter"):
+        check_run(tmp_path, {"model": "m", "adapter": "bbb"})
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):

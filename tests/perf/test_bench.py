@@ -266,3 +266,13 @@ def test_decode_at_several_batch_sizes(capsys):
     derived = results["benchmarks"]["decode"]["derived"]["48"]
     assert derived["batch-1"]["speedup"] == 1 and derived["batch-4"]["tokens_per_s"] > 0
     assert "| 48 | 4 | 5 | 15 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_lookahead_module_shares_the_model_only_when_asked(share):
+    # prefill-memory (one_model) measures both variants on one model; the others keep the plain one unwrapped
+    bench = Workbench(BenchSettings(**TINY), share_model=share)
+    assert (bench.lookahead.base_model is bench.model) is share
+    wrapped = any("lora_" in name for name, _ in bench.model.named_modules())
+    assert wrapped is share
+    assert SUITES["prefill-memory"].one_model and not SUITES["ttft"].one_model
