@@ -227,12 +227,18 @@ def demo(
         config = fit_config(train_config, label_root, out, max_epochs)
         out.mkdir(parents=True, exist_ok=True)
         config_path = out / "fit.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        shutil.rmtree(out / "fit" / "checkpoints", ignore_errors=True)
-        clock.run(f"fit ({config_path})", lambda: lightning_main(["fit", "--config", str(config_path)]))
+        text = yaml.safe_dump(config, sort_keys=False)
         # The last checkpoint, not the best by validation recall: the validation labels are also the
         # importance benchmark's, and choosing on them would flatter LookaheadKV there.
         last = out / "fit" / "checkpoints" / "last.ckpt"
+        # A fit of this very recipe that stopped before its adapter was exported continues from its last
+        # checkpoint; --refit or a changed recipe starts over.
+        resume = not refit and last.is_file() and config_path.is_file() and config_path.read_text() == text
+        if not resume:
+            shutil.rmtree(out / "fit" / "checkpoints", ignore_errors=True)
+            config_path.write_text(text)
+        command = ["fit", "--config", str(config_path), *(["--ckpt_path", str(last)] if resume else [])]
+        clock.run(f"fit ({config_path}{', resumed' if resume else ''})", lambda: lightning_main(command))
         clock.run("export adapter", lambda: export(str(last), str(adapter)))
         for stale in (RESULTS_FILE, RUN_FILE, TRACE_FILE):  # results of an earlier adapter
             (out / stale).unlink(missing_ok=True)

@@ -3,6 +3,7 @@ runs its stages in order, reuses what earlier runs left and writes the timing ta
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,10 +112,10 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
         return "labelled"
 
     def fake_fit(args):
-        calls.append("fit")
+        calls.append("fit" if len(args) == 3 else f"fit resumed from {Path(args[4]).name}")
         config = yaml.safe_load(Path(args[2]).read_text())
         folder = Path(config["trainer"]["callbacks"][0]["init_args"]["dirpath"])
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=len(args) > 3)
         (folder / "last.ckpt").write_text("weights")
 
     def fake_export(ckpt, output):
@@ -166,6 +167,17 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval", "trace"]
     assert len((out / "results.jsonl").read_text().splitlines()) == 1
     assert set(modes) == {"aware"}
+
+    calls.clear()
+    shutil.rmtree(out / "adapter")  # a fit stopped before its export: the same recipe resumes it
+    demo(**settings)
+    assert calls[3:5] == ["fit resumed from last.ckpt", "export last.ckpt"]
+    calls.clear()
+    shutil.rmtree(
+        out / "adapter"
+    )  # ... but another recipe starts over (the fake fit refuses a leftover folder)
+    demo(**settings, max_epochs=7)
+    assert calls[3:5] == ["fit", "export last.ckpt"]
 
     demo(**settings, label_mode="agnostic")  # question-agnostic labels reach both label runs
     assert modes[-2:] == ["agnostic", "agnostic"]
