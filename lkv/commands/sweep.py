@@ -24,7 +24,9 @@ Output folder (``output``)::
     points/<point>/config.yaml    the fit config this point ran (base + overrides + point values)
     points/<point>/checkpoints/   its checkpoints (``last.ckpt`` resumes an interrupted fit)
     points/<point>/fit.log        the fit's stdout and stderr
-    points/<point>/eval/          its ``lkv eval`` folder (with ``eval_config``)
+    points/<point>/eval/          its ``lkv eval`` folder (with ``eval_config``); it starts with the rows of
+                                  FullKV and the other adapter-free methods copied from a finished point
+                                  with the same ``eval.`` values, so those are evaluated once per sweep
     points/<point>/job.json       the submitit job that runs it and its log files (launched sweeps)
     points/<point>/result.json    values, final logged metrics, eval scores, timings — written last: a point
                                   whose result exists is skipped by a rerun
@@ -70,6 +72,7 @@ from lkv.commands.sweep_launch import (
     submit_points,
 )
 from lkv.eval.cells import NO_BUDGET
+from lkv.eval.results import RUN_FILE, copy_adapter_free
 from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.train.cli import resolved_fit_config
@@ -240,6 +243,10 @@ def run_point(
         dtype = config["model"].get("dtype", "float32")
         result["cost"] = checkpoint_overhead(last, overhead_tokens, overhead_repeats, dtype, device)
     if eval_config is not None:
+        donor = None if (folder / "eval").exists() else adapter_free_donor(output, values)
+        if donor is not None:  # FullKV and the baselines do not change with the adapter: evaluated once
+            copied = copy_adapter_free(donor, folder / "eval")
+            print(f"lkv sweep: point {name}: {copied} rows of methods without an adapter copied from {donor}")
         args = ["--config", eval_config, "--adapter", str(last), "--output", str(folder / "eval")]
         for key, value in values.items():
             if key.startswith(EVAL_PREFIX):
@@ -249,6 +256,18 @@ def run_point(
         result["metrics"].update(eval_scores(folder / "eval" / "summary.csv"))
     (folder / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result
+
+
+def adapter_free_donor(output: Path, values: dict[str, Any]) -> Path | None:
+    """The eval folder of a finished point with the same ``eval.`` values (hence the same eval run but for
+    the adapter), whose FullKV and baseline rows a new point can copy; None if there is none."""
+    wanted = {k: v for k, v in values.items() if k.startswith(EVAL_PREFIX)}
+    for result in sorted(output.glob(f"points/*/{RESULT_FILE}")):
+        done = json.loads(result.read_text())["values"]
+        same_eval = {k: v for k, v in done.items() if k.startswith(EVAL_PREFIX)} == wanted
+        if same_eval and (result.parent / "eval" / RUN_FILE).is_file():
+            return result.parent / "eval"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from typing import Any
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
+#: methods whose rows depend on the adapter; every other method's rows are the same whatever the adapter
+ADAPTER_METHODS = frozenset({"lookaheadkv"})
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -81,3 +83,21 @@ def check_run(output: Path, info: dict[str, Any], unused_when_none: tuple[str, .
         return
     output.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2, sort_keys=True))
+
+
+def copy_adapter_free(source: Path, target: Path) -> int:
+    """Start the new eval folder ``target`` with the rows of ``source`` that no adapter made (FullKV, the
+    training-free methods, Oracle) and ``source``'s ``run.json`` without its adapter, so an ``lkv eval`` of the
+    same config with another adapter resumes there and evaluates only the adapter's rows. Returns the number
+    of rows copied.
+
+    Raises:
+        FileExistsError: ``target`` exists (its rows would be mixed with ``source``'s).
+    """
+    rows = [r for r in ResultsFile(source / RESULTS_FILE).rows if r["method"] not in ADAPTER_METHODS]
+    info = json.loads((source / RUN_FILE).read_text()) | {"adapter": None}
+    target.mkdir(parents=True)
+    (target / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
+    with (target / RESULTS_FILE).open("w", encoding="utf-8") as out:
+        out.writelines(json.dumps(row) + "\n" for row in rows)
+    return len(rows)

@@ -35,11 +35,13 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
 
     monkeypatch.setattr(lkv.commands.sweep.subprocess, "run", counting_run)
     out, summary = tmp_path / "sweep", tmp_path / "summary"
+    evaluation = yaml.safe_load(tiny_setup["eval"].read_text()) | {"methods": ["lookaheadkv", "snapkv"]}
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(evaluation))
     config = {
         "base": str(tiny_setup["fit"]),
         "output": str(out),
         "summary_dir": str(summary),
-        "eval_config": str(tiny_setup["eval"]),
+        "eval_config": str(tmp_path / "eval.yaml"),
         "overrides": {"model.lr": 0.01},
         "grid": {"model.num_lookahead": [2, 4], "model.lora_targets": ["none", ["q_proj", "v_proj"]]},
         "score": "val/recall@4",
@@ -48,7 +50,15 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     }
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     lkv_main(["sweep", "--config", str(tmp_path / "sweep.yaml")])
-    assert len(fits) == 4 and "4 run now, 0 already done" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert len(fits) == 4 and "4 run now, 0 already done" in printed
+    # the adapter-free baseline ran once, in the first point; the others copied its rows (timings included)
+    assert printed.count("2 rows of methods without an adapter copied from") == 3
+    evals = [p / "eval" / "results.jsonl" for p in sorted(out.glob("points/*"))]
+    copied = [
+        [r for r in map(json.loads, e.read_text().splitlines()) if r["method"] == "snapkv"] for e in evals
+    ]
+    assert len(copied[0]) == 2 and all(c == copied[0] for c in copied)
 
     rows = list(csv.DictReader((summary / "summary.csv").open()))
     assert [(r["model.num_lookahead"], r["model.lora_targets"]) for r in rows] == [

@@ -10,7 +10,7 @@ import lkv.commands.eval
 import lkv.eval.runner
 from lkv.core.generation import Sampling, eos_ids
 from lkv.core.metrics import kendall_tau_b, topk_recall
-from lkv.eval.results import check_run
+from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
 from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
@@ -279,3 +279,18 @@ def test_clock_waits_for_cuda(monkeypatch):
     lkv.core.clock.clock(torch.device("cpu"))
     lkv.core.clock.clock(torch.device("cuda", 1))
     assert synced == [torch.device("cuda", 1)]
+
+
+def test_adapter_free_rows_start_a_folder_for_another_adapter(tmp_path):
+    source, target = tmp_path / "a", tmp_path / "b"
+    check_run(source, {"model": "m", "adapter": "aaa"})
+    rows = [
+        {"task": "t", "sample": "s", "method": m, "budget": "8", "setting": "aware"}
+        for m in ("fullkv", "lookaheadkv")
+    ]
+    (source / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert copy_adapter_free(source, target) == 1
+    assert [r["method"] for r in ResultsFile(target / "results.jsonl").rows] == ["fullkv"]
+    check_run(target, {"model": "m", "adapter": "bbb"})  # another adapter resumes the copied folder
+    with pytest.raises(FileExistsError):
+        copy_adapter_free(source, target)
