@@ -34,7 +34,8 @@ import yaml
 from matplotlib.figure import Figure
 
 from lkv.eval.cells import FULL
-from lkv.eval.stats import PairedResult, bootstrap_interval, paired_test, wilson_interval
+from lkv.eval.paired import pair_by_sample
+from lkv.eval.stats import PairedResult, bootstrap_interval, wilson_interval
 from lkv.train.grid import grid_points, point_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,12 +101,8 @@ def summarize(scores: Scores) -> dict[str, Entry]:
 def compare(mine: Scores, other: Scores) -> dict[str, PairedResult]:
     """Per shared metric, ``mine`` vs ``other`` on their common samples (McNemar for the 0/1 retention,
     paired bootstrap for recall)."""
-    out = {}
-    for name in sorted(set(mine) & set(other)):
-        ids = sorted(set(mine[name]) & set(other[name]))
-        if ids:
-            out[name] = paired_test([mine[name][s] for s in ids], [other[name][s] for s in ids])
-    return out
+    results = {name: pair_by_sample(mine[name], other[name]) for name in sorted(set(mine) & set(other))}
+    return {name: result for name, result in results.items() if result is not None}
 
 
 def _cell(entry: Entry | None, percent: bool) -> str:

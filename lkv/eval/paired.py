@@ -31,7 +31,8 @@ def _cells(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str], di
     return cells
 
 
-def _pair(mine: dict[str, float], other: dict[str, float], seed: int) -> PairedResult | None:
+def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 0) -> PairedResult | None:
+    """The paired test of two {sample id: score} maps on their common samples; None if they share none."""
     common = sorted(set(mine) & set(other))
     if not common:
         return None
@@ -63,7 +64,7 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
             ):
                 if name is None or name == method:
                     continue
-                result = _pair(mine, other, seed)
+                result = pair_by_sample(mine, other, seed)
                 if result is None:
                     continue
                 entry: dict[str, Any] = {

@@ -12,6 +12,8 @@ RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 #: methods whose rows depend on the adapter; every other method's rows are the same whatever the adapter
 ADAPTER_METHODS = frozenset({"lookaheadkv"})
+#: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows)
+UNUSED_WHEN_NONE = frozenset({"adapter"})
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -54,10 +56,10 @@ def fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_run(output: Path, info: dict[str, Any], unused_when_none: tuple[str, ...] = ("adapter",)) -> None:
+def check_run(output: Path, info: dict[str, Any]) -> None:
     """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings.
 
-    A key of ``unused_when_none`` that is None in one of the two runs was not used by it (no ``lookaheadkv``
+    A key of :data:`UNUSED_WHEN_NONE` that is None in one of the two runs was not used by it (no ``lookaheadkv``
     rows without an adapter), so it is not compared: baselines evaluated first are kept when a later run adds
     the adapter's rows to the folder, and ``run.json`` then records the adapter. Two different adapters are
     still refused.
@@ -69,7 +71,7 @@ def check_run(output: Path, info: dict[str, Any], unused_when_none: tuple[str, .
             k
             for k in info
             if previous.get(k) != info[k]
-            and not (k in unused_when_none and (previous.get(k) is None or info[k] is None))
+            and not (k in UNUSED_WHEN_NONE and (previous.get(k) is None or info[k] is None))
         )
         if differing:
             raise ValueError(

@@ -173,9 +173,8 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     demo(**settings)
     assert calls[3:5] == ["fit resumed from last.ckpt", "export last.ckpt"]
     calls.clear()
-    shutil.rmtree(
-        out / "adapter"
-    )  # ... but another recipe starts over (the fake fit refuses a leftover folder)
+    # ... but another recipe starts over (the fake fit refuses a leftover folder)
+    shutil.rmtree(out / "adapter")
     demo(**settings, max_epochs=7)
     assert calls[3:5] == ["fit", "export last.ckpt"]
 
