@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lkv.commands.signals import exit_on_sigterm
 from lkv.eval.report import write_report
-from lkv.eval.results import RESULTS_FILE, check_run, fingerprint
+from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
@@ -97,7 +98,25 @@ def evaluate(
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
     evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size)
-    rows = evaluator.run(tasks)
+    title = title or out.name
+    try:
+        with exit_on_sigterm():
+            evaluator.run(tasks)
+    except (KeyboardInterrupt, SystemExit):
+        # Ctrl-C or SIGTERM (a pre-empted job, a session's end): the rows so far get their report too.
+        rows = ResultsFile(out / RESULTS_FILE).rows
+        write_report(rows, out, title=title, methods=methods, notes=[interrupted_note(len(rows))])
+        raise
     seconds = time.perf_counter() - start
-    report = write_report(rows, out, title=title or out.name, methods=methods)
+    # Read back the file, not the evaluator's rows: another process may fill the same folder (one per setting).
+    rows = ResultsFile(out / RESULTS_FILE).rows
+    report = write_report(rows, out, title=title, methods=methods)
     return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
+
+
+def interrupted_note(rows: int) -> str:
+    """The report's warning that its cells are not all filled (the run stopped before its end)."""
+    return (
+        f"**Partial report**: the run was interrupted with {rows} rows in `{RESULTS_FILE}`, so some cells hold "
+        "fewer samples than the config asks for (each cell gives its n). Rerun the same command to resume."
+    )

@@ -44,13 +44,10 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +57,7 @@ from jsonargparse import auto_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lkv.commands.eval import evaluate
+from lkv.commands.signals import exit_on_sigterm
 from lkv.commands.sweep_launch import (
     JOBS_FOLDER,
     Launcher,
@@ -424,28 +422,6 @@ def launch_points(
 # The verb
 
 
-@contextmanager
-def _exit_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM (a scheduler's pre-emption, ``kill``) into ``SystemExit(143)``.
-
-    Python's default SIGTERM ends the process at once and would leave the running `lkv fit` child
-    behind; an exception lets ``subprocess.run`` kill and reap it. The point's atomically written
-    ``last.ckpt`` lets a rerun resume it.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def sweep(
     base: str,
     grid: dict[str, list[Any]],
@@ -520,7 +496,7 @@ def sweep(
         results, _ = collect_results(points, out)
         return f"{line}\nlkv sweep: all ended; summary: {summarize_points(results, out, *layout)}"
     results, ran = [], 0
-    with _exit_on_sigterm():
+    with exit_on_sigterm():
         for index, values in enumerate(points, 1):
             done = out / "points" / point_name(values) / RESULT_FILE
             if done.exists():

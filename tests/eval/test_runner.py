@@ -2,6 +2,8 @@
 running each method on its own through the Compressor."""
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -239,6 +241,48 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
         lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
         lkv.commands.eval.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch, stop
+):
+    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
+    run_chunk = Evaluator._run_chunk
+
+    def stop_after_first_chunk(self, task, units):
+        run_chunk(self, task, units)
+        if stop == "ctrl-c":
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler turns it into SystemExit(143)
+
+    monkeypatch.setattr(Evaluator, "_run_chunk", stop_after_first_chunk)
+    out = tmp_path / "eval"
+    args = dict(
+        tasks=[tiny_needle_task(tiny_corpus)],
+        methods=("fullkv", "snapkv"),
+        budgets=(8,),
+        press_args={"snapkv": {"window": 4}},
+        output=str(out),
+        progress=False,
+        batch_size=1,  # one (sample, setting) per chunk: two chunks
+    )
+    with pytest.raises(KeyboardInterrupt if stop == "ctrl-c" else SystemExit) as stopped:
+        lkv.commands.eval.evaluate(**args)
+    if stop == "sigterm":
+        assert stopped.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    assert len(read_rows(out)) == 2  # one setting: FullKV and SnapKV
+    report = (out / "report.md").read_text()
+    assert "**Partial report**: the run was interrupted with 2 rows" in report and "| snapkv |" in report
+
+    # A row that another process (the other setting's) appended meanwhile is in the final report.
+    other = {**read_rows(out)[1], "method": "tova"}
+    ResultsFile(out / "results.jsonl").add(other)
+    monkeypatch.setattr(Evaluator, "_run_chunk", run_chunk)
+    assert lkv.commands.eval.evaluate(**args).startswith("lkv eval: 5 result rows")
+    report = (out / "report.md").read_text()
+    assert "Partial report" not in report and "| tova |" in report
 
 
 @pytest.mark.slow
