@@ -148,20 +148,34 @@ def test_paired_comparisons_against_fullkv_and_the_best_baseline(tmp_path):
             ("snapkv", "64"): [1.0] * 10 + [0.0] * (n - 10),
             ("tova", "64"): [1.0] * 5 + [0.0] * (n - 5),
             ("quest", "64"): [1.0] * n,  # keeps the whole cache: never the best *eviction* baseline
+            ("lookaheadkv", "128"): [1.0] * (n - 2) + [0.0] * 2,
+            ("snapkv", "128"): [1.0] * 10 + [0.0] * (n - 10),
+            ("tova", "128"): [1.0] * (n - 3) + [0.0] * 3,  # within noise of LookaheadKV
         }
     )
-    found = {(c["method"], c["reference"]): c for c in paired_comparisons(rows)}
+    comparisons = paired_comparisons(rows)
+    found = {(c["method"], c["reference"]): c for c in comparisons if c["budget"] == "64"}
     lkv_best = found[("lookaheadkv", "best baseline")]
     assert lkv_best["baseline"] == "snapkv" and lkv_best["significant"]
     assert (lkv_best["wins"], lkv_best["losses"]) == (18, 0)
     lkv_full = found[("lookaheadkv", "fullkv")]
     assert not lkv_full["significant"] and (lkv_full["kept"], lkv_full["solved"]) == (n - 2, n)
     assert found[("snapkv", "fullkv")]["significant"] and ("snapkv", "best baseline") not in found
+    # the trained method against each baseline, one by one; the others only against FullKV and the best
+    each = {(c["baseline"], c["budget"]): c for c in comparisons if c["reference"] == "baseline"}
+    assert set(each) == {(m, b) for m in ("snapkv", "tova") for b in ("64", "128")}
+    assert {c["method"] for c in comparisons if c["reference"] == "baseline"} == {"lookaheadkv"}
+    assert each[("tova", "64")]["significant"] and not each[("tova", "128")]["significant"]
 
     report = write_report(rows, tmp_path, methods=["fullkv", "lookaheadkv", "snapkv", "tova", "quest"])
     text = report.read_text()
     assert "## Paired comparisons" in text
     assert "lookaheadkv vs best baseline: above it outside noise at C=64" in text
+    assert "| lookaheadkv | tova | **+76.7 (23/0)" in text
+    assert (
+        "lookaheadkv vs every training-free baseline (snapkv, tova): beats each outside noise at C=64; "
+        "not at C=128 (tova: +3.3, p=1)." in text
+    )
     assert "lookaheadkv vs fullkv: within noise at C=64" in text
     assert "n = 30 per cell" in text and "smoke test" not in text.split("## Paired")[0]
     assert "by needle family" in text and "magic_number (ood, n = 15)" in text
