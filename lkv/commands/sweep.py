@@ -28,21 +28,22 @@ Output folder (``output``)::
                                   FullKV and the other adapter-free methods copied from a finished point
                                   with the same ``eval.`` values, so those are evaluated once per sweep
     points/<point>/job.json       the submitit job that runs it and its log files (launched sweeps)
-    points/<point>/result.json    values, final logged metrics, eval scores, timings — written last: a point
-                                  whose result exists is skipped by a rerun
+    points/<point>/result.json    values, final logged metrics, eval scores with their 95 % intervals and n,
+                                  timings — written last: a point whose result exists is skipped by a rerun
     tensorboard/<point>/fit/      one TensorBoard run per point: the fit's curves and an HParams session with
                                   the point's grid values and results (``val/*``, ``eval/*``, ``cost/*``)
     jobs/                         submitit's pickles and job logs (``launcher.folder`` moves it)
 
-Summary folder (``summary_dir``, default ``output``): ``summary.csv``, ``summary.md`` (a table of every
-point and a ``group × size`` table of ``score``), ``results/<point>.json`` and
-``plots/score_vs_size.png``, ``plots/overhead_vs_size.png``.
+Summary folder (``summary_dir``, default ``output``): ``summary.csv`` (eval scores with ``_low``, ``_high``
+and ``_n`` columns), ``summary.md`` (a table of every point, eval scores with their intervals, and a
+``group × size`` table of ``score``), ``results/<point>.json`` and ``plots/score_vs_size.png``,
+``plots/overhead_vs_size.png`` (error bars where the score has intervals; one line when the grid has no
+``group_key``).
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import subprocess
 import sys
@@ -70,7 +71,9 @@ from lkv.commands.sweep_launch import (
     submit_points,
 )
 from lkv.eval.cells import NO_BUDGET
-from lkv.eval.results import RUN_FILE, copy_adapter_free
+from lkv.eval.report import summarize
+from lkv.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, copy_adapter_free
+from lkv.eval.stats import bootstrap_interval
 from lkv.eval.tensorboard import rewrite_session
 from lkv.eviction.compressor import load_lookahead
 from lkv.train.cli import resolved_fit_config
@@ -172,22 +175,30 @@ def checkpoint_overhead(
     return lookahead_overhead(model, {"lookahead": press.adapter}, tokens, repeats)["lookahead"]
 
 
-def eval_scores(summary_csv: Path, method: str = "lookaheadkv") -> dict[str, float]:
-    """``method``'s scores from an ``lkv eval`` summary: ``eval/<task>/<setting>@<budget>`` for end tasks,
-    ``eval/<task>/<metric>`` for importance rows (which carry every metric in one row)."""
-    scores = {}
-    with summary_csv.open(encoding="utf-8") as rows:
-        for row in csv.DictReader(rows):
-            if row["method"] != method:
-                continue
-            if row["budget"] == NO_BUDGET:
-                fixed = {"task", "setting", "method", "budget", "n", "score"}
-                scores.update(
-                    {f"eval/{row['task']}/{k}": float(v) for k, v in row.items() if k not in fixed and v}
-                )
-            else:
-                scores[f"eval/{row['task']}/{row['setting']}@{row['budget']}"] = float(row["score"])
-    return scores
+def eval_scores(folder: Path, method: str = "lookaheadkv") -> tuple[dict[str, float], dict[str, list[float]]]:
+    """``method``'s scores in an ``lkv eval`` folder and their 95 % intervals.
+
+    Keys: ``eval/<task>/<setting>@<budget>`` for end tasks (the cell's mean score; Wilson or bootstrap
+    interval as in the eval's ``summary.csv``), ``eval/<task>/<metric>`` for importance rows (every metric's
+    mean over the held-out labels; percentile-bootstrap interval). Returns ``(scores, intervals)`` with
+    ``intervals[key] = [low, high, n]``.
+    """
+    rows = [r for r in ResultsFile(folder / RESULTS_FILE).rows if r["method"] == method]
+    scores: dict[str, float] = {}
+    intervals: dict[str, list[float]] = {}
+    for cell in summarize(r for r in rows if r["budget"] != NO_BUDGET):
+        key = f"eval/{cell['task']}/{cell['setting']}@{cell['budget']}"
+        scores[key] = cell["score"]
+        intervals[key] = [cell["ci_low"], cell["ci_high"], cell["n"]]
+    importance: dict[str, list[float]] = {}
+    for row in rows:
+        if row["budget"] == NO_BUDGET:
+            for name, value in row["metrics"].items():
+                importance.setdefault(f"eval/{row['task']}/{name}", []).append(value)
+    for key, values in importance.items():
+        scores[key] = sum(values) / len(values)
+        intervals[key] = [*bootstrap_interval(values), len(values)]
+    return scores, intervals
 
 
 def run_point(
@@ -251,7 +262,9 @@ def run_point(
                 args += [f"--{key[len(EVAL_PREFIX) :]}", json.dumps(value)]
         args += ["--progress", "false"] + ([] if device is None else ["--device", device])
         auto_cli(evaluate, args=args, as_positional=False)
-        result["metrics"].update(eval_scores(folder / "eval" / "summary.csv"))
+        scores, intervals = eval_scores(folder / "eval")
+        result["metrics"].update(scores)
+        result["intervals"] = intervals
     (folder / RESULT_FILE).write_text(json.dumps(result, indent=2))
     return result
 

@@ -2,7 +2,8 @@
 
 Shared by `lkv sweep` (one `lkv fit` per point) and in-run ablations; a *point* is a dict of dotted config
 key → value (``{"model.num_lookahead": 16, "model.lora_targets": ["q_proj", "v_proj"]}``) and a *result* is
-``{"point": name, "values": point, "fit_s": seconds, "metrics": {...}, "cost": {...}}``.
+``{"point": name, "values": point, "fit_s": seconds, "metrics": {...}, "cost": {...}, "intervals": {...}}``
+where the optional ``intervals`` map a metric to its 95 % interval and sample count ``[low, high, n]``.
 """
 
 from __future__ import annotations
@@ -48,11 +49,22 @@ def _fmt(value: Any) -> str:
 
 
 def summary_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One flat row per point: its values, ``fit_s``, cost figures and metrics."""
-    return [
-        {"point": r["point"], **r["values"], "fit_s": r["fit_s"], **r.get("cost", {}), **r["metrics"]}
-        for r in results
-    ]
+    """One flat row per point: its values, ``fit_s``, cost figures, metrics, and ``<metric>_low``,
+    ``<metric>_high``, ``<metric>_n`` for the metrics with an interval."""
+    rows = []
+    for r in results:
+        row = {"point": r["point"], **r["values"], "fit_s": r["fit_s"], **r.get("cost", {}), **r["metrics"]}
+        for name, (low, high, n) in r.get("intervals", {}).items():
+            row |= {f"{name}_low": low, f"{name}_high": high, f"{name}_n": n}
+        rows.append(row)
+    return rows
+
+
+def _with_interval(row: dict[str, Any], column: str) -> str:
+    """``0.758 [0.743, 0.771]`` for a metric with an interval, else the plain value."""
+    if f"{column}_low" not in row:
+        return _fmt(row.get(column, ""))
+    return f"{row[column]:.3f} [{row[f'{column}_low']:.3f}, {row[f'{column}_high']:.3f}]"
 
 
 def write_summary(
@@ -79,10 +91,23 @@ def write_summary(
         (folder / "results" / f"{result['point']}.json").write_text(json.dumps(result, indent=2))
 
     shown = [*grid, score] + [c for c in ("overhead", "lookahead_ms", "prefill_ms", "fit_s") if c in columns]
-    shown += sorted(c for c in columns if c.startswith(("val/", "eval/")) and c != score)
+    with_interval = {name for r in results for name in r.get("intervals", {})}
+    bounds = {f"{name}_{part}" for name in with_interval for part in ("low", "high", "n")}
+    shown += sorted(c for c in columns if c.startswith(("val/", "eval/")) and c != score and c not in bounds)
     lines = [f"# Sweep summary ({len(rows)} points; score: `{score}`)", ""]
+    if with_interval:
+        lines += [
+            "Eval scores: mean [95 % interval]; the sample count of each is in `summary.csv` (`_n`).",
+            "",
+        ]
     lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(_fmt(row.get(c, "")) for c in shown) + " |" for row in rows]
+    lines += ["| " + " | ".join(_with_interval(row, c) for c in shown) + " |" for row in rows]
+    if size_key in grid:
+        _plot_by_size(rows, folder / "plots" / "score_vs_size.png", score, size_key, group_key, grid)
+        if "overhead" in columns:
+            _plot_by_size(
+                rows, folder / "plots" / "overhead_vs_size.png", "overhead", size_key, group_key, grid
+            )
     if size_key in grid and group_key in grid:
         sizes = [value_label(s) for s in grid[size_key]]
         lines += ["", f"`{score}` by `{group_key}` (rows) × `{size_key}` (columns):", ""]
@@ -95,11 +120,7 @@ def write_summary(
                 ]
                 cells.append(f"{sum(hits) / len(hits):.3f}" if hits else "")
             lines.append(f"| {value_label(group)} | " + " | ".join(cells) + " |")
-        _plot_by_size(rows, folder / "plots" / "score_vs_size.png", score, size_key, group_key, grid)
-        if "overhead" in columns:
-            _plot_by_size(
-                rows, folder / "plots" / "overhead_vs_size.png", "overhead", size_key, group_key, grid
-            )
+    if size_key in grid:
         lines += ["", "![score](plots/score_vs_size.png)"]
         if "overhead" in columns:
             lines += ["", "![overhead](plots/overhead_vs_size.png)"]
@@ -116,23 +137,33 @@ def _plot_by_size(
     group_key: str,
     grid: dict[str, Sequence[Any]],
 ) -> None:
-    """``metric`` vs ``size_key`` (log₂ axis), one line per value of ``group_key`` (mean over other keys)."""
+    """``metric`` vs ``size_key`` (log₂ axis), one line per value of ``group_key`` (mean over other keys), or
+    one line when the grid has no ``group_key``. A point of one run with an interval gets it as error bars."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(6, 4), layout="constrained")
     ax = fig.add_subplot()
-    for group in grid[group_key]:
-        xs, ys = [], []
+    grouped = group_key in grid
+    for group in grid[group_key] if grouped else [None]:
+        xs, ys, low, high = [], [], [], []
         for size in grid[size_key]:
-            hits = [r[metric] for r in rows if r[group_key] == group and r[size_key] == size and metric in r]
+            hits = [
+                r
+                for r in rows
+                if (not grouped or r[group_key] == group) and r[size_key] == size and metric in r
+            ]
             if hits:
                 xs.append(size)
-                ys.append(sum(hits) / len(hits))
-        ax.plot(xs, ys, marker="o", label=value_label(group))
+                ys.append(sum(r[metric] for r in hits) / len(hits))
+                single = hits[0] if len(hits) == 1 and f"{metric}_low" in hits[0] else None
+                low.append(ys[-1] - single[f"{metric}_low"] if single else 0.0)
+                high.append(single[f"{metric}_high"] - ys[-1] if single else 0.0)
+        label = value_label(group) if grouped else metric
+        ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(grid[size_key]), [value_label(s) for s in grid[size_key]])
     ax.minorticks_off()
     ax.set_xlabel(size_key)
     ax.set_ylabel(metric if metric != "overhead" else "lookahead step / prefill time")
-    ax.legend(title=group_key)
+    ax.legend(title=group_key if grouped else None)
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=110)

@@ -15,8 +15,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import lkv.commands.sweep
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep import fit_values, point_config, set_key
+from lkv.commands.sweep import eval_scores, fit_values, point_config, set_key
 from lkv.commands.sweep_launch import check_points_fit, parse_launcher
+from lkv.eval.cells import NO_BUDGET
+from lkv.eval.report import write_report
+from lkv.eval.results import ResultsFile
+from lkv.eval.stats import bootstrap_interval
 from lkv.train.cli import resolved_fit_config
 from lkv.train.grid import grid_points, point_name
 from tests.tensorboard_events import curve, hparams_plugin_data, points_per_step, scalars
@@ -92,8 +96,13 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     # the fit's last logged recall is the one the summary reports
     result = json.loads((point / "result.json").read_text())
     assert float(rows[-1]["val/recall@4"]) == pytest.approx(result["metrics"]["val/recall@4"], rel=1e-5)
+    # eval scores carry their interval and n (2 held-out prompts), the table shows them in brackets
+    recall = [float(rows[-1][f"eval/importance/recall@4{part}"]) for part in ("_low", "", "_high")]
+    assert recall == sorted(recall) and rows[-1]["eval/importance/recall@4_n"] == "2"
+    assert result["intervals"]["eval/importance/recall@4"][2] == 2
     table = (summary / "summary.md").read_text()
     assert "| none | " in table and "| q_proj+v_proj | " in table
+    assert f"{recall[1]:.3f} [{recall[0]:.3f}, {recall[2]:.3f}]" in table and "recall@4_low" not in table
     assert {p.name for p in (summary / "plots").iterdir()} == {"score_vs_size.png", "overhead_vs_size.png"}
 
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("points/*/checkpoints/last.ckpt")}
@@ -103,6 +112,34 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     # the rerun rewrote the sessions: still one point per (run, tag, step)
     counts = points_per_step(out / "tensorboard")
     assert counts and {key: n for key, n in counts.items() if n != 1} == {}
+
+
+def test_eval_scores_carry_the_eval_reports_intervals(tmp_path):
+    def row(task, sample, method, budget, score, metrics=None):
+        keys = {"task": task, "sample": sample, "method": method, "budget": budget, "setting": "aware"}
+        return keys | {"score": score, "metrics": metrics or {"string_match": score}, "meta": {"depth": 0.5}}
+
+    rows = [row("niah", f"s{i}", "lookaheadkv", "64", float(i % 3 > 0)) for i in range(12)]
+    rows += [row("niah", f"s{i}", "snapkv", "64", 0.0) for i in range(12)]  # another method: not counted
+    recalls = [0.5, 0.7, 0.9, 0.6]
+    rows += [
+        row("importance", f"p{i}", "lookaheadkv", NO_BUDGET, r, {"recall@64": r, "kendall_tau": r / 2})
+        for i, r in enumerate(recalls)
+    ]
+    results = ResultsFile(tmp_path / "results.jsonl")
+    for r in rows:
+        results.add(r)
+    write_report(rows, tmp_path)
+    scores, intervals = eval_scores(tmp_path)
+    with (tmp_path / "summary.csv").open() as handle:
+        cell = next(r for r in csv.DictReader(handle) if r["method"] == "lookaheadkv" and r["task"] == "niah")
+    assert scores["eval/niah/aware@64"] == pytest.approx(8 / 12)
+    assert intervals["eval/niah/aware@64"] == pytest.approx(
+        [float(cell["ci_low"]), float(cell["ci_high"]), 12], rel=1e-5
+    )  # the Wilson interval of the eval's own summary
+    assert scores["eval/importance/recall@64"] == pytest.approx(0.675)
+    assert intervals["eval/importance/recall@64"] == [*bootstrap_interval(recalls), 4]
+    assert intervals["eval/importance/kendall_tau"][:2] == list(bootstrap_interval([r / 2 for r in recalls]))
 
 
 def test_grid_and_keys():
