@@ -7,6 +7,7 @@ prompts.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from lkv.labels.labeller import LABEL_MODES
 from lkv.labels.predict import LabelingModule, ShardPredictionWriter, responses_meta, template_kwargs
 from lkv.labels.prompts import Prompt, PromptSource
 from lkv.labels.responses import ResponsesFile
-from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
+from lkv.labels.shards import META_FILE, finished_ids, grow_prompt_source, read_meta, shard_files
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
@@ -121,6 +122,7 @@ def label(
         extra=responses_meta(engine),
         chat_template_kwargs=template_kwargs(enable_thinking),
     )
+    _check_source(folder, prompts)
     all_prompts = list(prompts)
     if not all_prompts:
         raise ValueError(
@@ -216,6 +218,25 @@ def _check_resumable(output: Path, **settings: Any) -> None:
                 f"{output} already holds labels with {key}={found!r}, this run asks for {value!r}; "
                 "use another --output or delete it"
             )
+
+
+def _check_source(output: Path, prompts: PromptSource) -> None:
+    """Fail before loading any model when ``output`` holds labels of other prompts; when they are the first
+    prompts of ``prompts`` (a larger ``num_prompts``), record the larger source so the rest is added."""
+    if not (output / META_FILE).exists():
+        return
+    previous, wanted = read_meta(output).prompt_source, prompts.describe()
+    if previous == wanted:
+        return
+    if not prompts.extends(previous):
+        raise ValueError(
+            f"{output} already holds labels of the prompts {previous}; this run asks for {wanted}. Only a "
+            f"larger {prompts.count_setting or 'prompt count'} of the same source adds to a folder; use another "
+            "--output or delete it"
+        )
+    # every process of a multi-GPU run writes the same text; the rank keeps their temporary files apart
+    grow_prompt_source(output, wanted, int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))))
+    print(f"lkv label: growing {output} from {previous} to {wanted}")
 
 
 def _check_labelled_by(folder: Path, model: str, dtype: str, attn_implementation: str) -> None:

@@ -189,6 +189,8 @@ class BuiltinPrompts(PromptSource):
         self.fact_formats = tuple(fact_formats)
         self._pools: dict[str, list[_Document]] | None = None
 
+    count_setting = "num_prompts"
+
     def __len__(self) -> int:
         return self.num_prompts
 

@@ -79,6 +79,8 @@ class HFDatasetPrompts(PromptSource):
         limit: stop after this many prompts.
     """
 
+    count_setting = "limit"
+
     def __init__(
         self,
         path_or_name: str,

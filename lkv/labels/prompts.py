@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from lkv.model import assets
 
@@ -69,9 +70,30 @@ class PromptSource(ABC):
     @abstractmethod
     def __iter__(self) -> Iterator[Prompt]: ...
 
+    #: The ``describe()`` setting that counts the prompts when the source yields its first N of a fixed
+    #: order (``num_prompts``, ``limit``): a larger value yields the same prompts, then more. None: no such
+    #: setting, a label folder holds exactly one source's prompts.
+    count_setting: ClassVar[str | None] = None
+
     @abstractmethod
     def describe(self) -> str:
         """One line naming the source and every setting that changes its prompts."""
+
+    def extends(self, previous: str) -> bool:
+        """Whether ``previous``, the ``describe()`` of the source of an earlier labelling run, yields the first
+        prompts of this source, so its label folder can grow into this source's (``lkv label`` with a larger
+        ``num_prompts``). True for the same source; otherwise only when the two differ in ``count_setting``
+        alone and this one counts at least as many (None: no limit)."""
+        mine = self.describe()
+        if previous == mine or self.count_setting is None:
+            return previous == mine
+        pattern = rf"\b{re.escape(self.count_setting)}=(\d+|None)\b"
+        now, before = re.search(pattern, mine), re.search(pattern, previous)
+        if now is None or before is None or before[1] == "None":
+            return False
+        if now[1] != "None" and int(now[1]) < int(before[1]):
+            return False
+        return re.sub(pattern, f"{self.count_setting}={now[1]}", previous, count=1) == mine
 
 
 def split_by_document(

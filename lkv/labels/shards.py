@@ -88,6 +88,23 @@ def read_meta(folder: str | Path) -> LabelMeta:
     return meta
 
 
+def _write_meta(folder: Path, meta: LabelMeta, rank: int) -> None:
+    """Write ``meta.json`` atomically (a temporary file renamed into place: readers never see half of it)."""
+    path = folder / META_FILE
+    # the rank too: ranks on different nodes of a shared file system can share a pid
+    tmp = path.with_name(f".{META_FILE}.r{rank}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(meta), indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def grow_prompt_source(folder: str | Path, source: str, rank: int = 0) -> None:
+    """Record ``source`` as the prompt source of ``folder``, whose labels are the first prompts of it
+    (:meth:`lkv.labels.prompts.PromptSource.extends`): a run labelling the rest into the folder follows."""
+    meta = read_meta(folder)
+    meta.prompt_source = source
+    _write_meta(Path(folder), meta, rank)
+
+
 def shard_files(folder: str | Path) -> list[Path]:
     """Finished shards of a label folder in (rank, index) order; temporary files are never listed."""
     return sorted(p for p in Path(folder).glob(SHARD_GLOB) if _SHARD_RE.search(p.name))
@@ -172,10 +189,7 @@ class ShardWriter:
             return
         if shard_files(self.folder):
             raise ValueError(f"{self.folder} holds label shards but no {META_FILE}; refusing to mix runs")
-        # the rank too: ranks on different nodes of a shared file system can share a pid
-        tmp = path.with_name(f".{META_FILE}.r{self.rank}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(self.meta), indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        _write_meta(self.folder, self.meta, self.rank)
 
     def add(
         self,

@@ -9,7 +9,8 @@ import torch
 from lkv.cli import main
 from lkv.commands.label import label
 from lkv.core.generation import eos_ids
-from lkv.labels.dataset_prompts import JsonlPrompts
+from lkv.labels.builtin_prompts import BuiltinPrompts
+from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
 from lkv.labels.labeller import label_prompt
 from lkv.labels.prompts import render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores
@@ -78,6 +79,54 @@ def test_rerun_skips_finished_and_refuses_other_settings(saved_model, jsonl, tmp
     assert len(load_labels(out)) == 5
     with pytest.raises(ValueError, match="response_tokens"):
         label(output=str(out), prompts=JsonlPrompts(str(jsonl), id_field="id"), model=str(saved_model))
+
+
+def test_a_larger_num_prompts_grows_the_folder_and_other_prompts_are_refused(
+    saved_model, tiny_corpus, tmp_path, capsys
+):
+    essays, stdlib = tiny_corpus
+
+    def grow(output, num_prompts, **settings):
+        source = BuiltinPrompts(
+            num_prompts=num_prompts,
+            min_words=40,
+            max_words=80,
+            essays_dir=str(essays),
+            stdlib_dir=str(stdlib),
+            heldout_fraction=0.5,
+            **settings,
+        )
+        kwargs = {"response_tokens": 4, "max_prompt_tokens": 256, "accelerator": "cpu", "progress": False}
+        return label(output=str(output), prompts=source, model=str(saved_model), **kwargs)
+
+    grow(tmp_path / "grown", 2)
+    grow(tmp_path / "grown", 4)
+    assert "2 already labelled, 2 to go" in capsys.readouterr().out
+    assert "num_prompts=4" in read_meta(tmp_path / "grown").prompt_source
+    grow(tmp_path / "whole", 4)
+    grown, whole = load_labels(tmp_path / "grown"), load_labels(tmp_path / "whole")
+    assert sorted(grown["id"]) == sorted(whole["id"]) and len(grown) == 4
+    by_id = {row["id"]: row for row in whole}
+    assert all(row["scores"] == by_id[row["id"]]["scores"] for row in grown)
+    # fewer prompts, or other prompts, are refused before any model is loaded; the folder is untouched
+    before = (tmp_path / "grown" / "meta.json").read_text()
+    for num_prompts, settings in ((3, {}), (6, {"seed": 1})):
+        with pytest.raises(ValueError, match=r"grown already holds labels of the prompts BuiltinPrompts"):
+            grow(tmp_path / "grown", num_prompts, **settings)
+    assert (tmp_path / "grown" / "meta.json").read_text() == before
+
+
+def test_a_prompt_source_extends_the_first_prompts_of_itself():
+    def hf(limit):
+        return HFDatasetPrompts("some/dataset", field="text", limit=limit)
+
+    assert hf(10).extends(hf(10).describe()) and hf(20).extends(hf(10).describe())
+    assert hf(None).extends(hf(10).describe())  # no limit: every record, the first 10 among them
+    assert not hf(5).extends(hf(10).describe()) and not hf(10).extends(hf(None).describe())
+    other = HFDatasetPrompts("some/dataset", field="question", limit=20)
+    assert not other.extends(hf(10).describe())
+    jsonl = JsonlPrompts("a.jsonl")  # no count setting: only the same file
+    assert jsonl.extends(jsonl.describe()) and not jsonl.extends(JsonlPrompts("b.jsonl").describe())
 
 
 def test_interrupted_run_resumes_without_duplicates_or_gaps(saved_model, jsonl, tmp_path, monkeypatch):
