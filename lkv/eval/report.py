@@ -143,42 +143,54 @@ def _pct_interval(entry: dict[str, Any] | None) -> str:
     return f"{_pct(entry['score'])} [{100 * entry['ci_low']:.0f}, {100 * entry['ci_high']:.0f}]"
 
 
-def family_tables(rows: Sequence[dict[str, Any]], methods: Sequence[str] = ()) -> list[str]:
-    """Markdown: per task with several needle families (``meta["family"]``) and setting, the mean score × 100
-    per family and method (rows) at each budget (columns), with the family's n and distribution."""
+#: ``meta`` keys the report breaks end-task scores down by, with their table titles
+BREAKDOWNS = {"family": "needle family", "length": "context length (tokens)"}
+
+
+def breakdown_tables(rows: Sequence[dict[str, Any]], key: str, methods: Sequence[str] = ()) -> list[str]:
+    """Markdown: per task whose samples take several values of ``meta[key]`` (a needle family, a context
+    length) and per setting, the mean score × 100 per value and method (rows) at each budget (columns), with
+    the value's n (and a family's distribution)."""
     lines: list[str] = []
-    tagged = [r for r in rows if r["budget"] != NO_BUDGET and "family" in r.get("meta", {})]
+    tagged = [r for r in rows if r["budget"] != NO_BUDGET and key in r.get("meta", {})]
     for task in dict.fromkeys(r["task"] for r in tagged):
         chosen = [r for r in tagged if r["task"] == task]
-        families = list(dict.fromkeys(r["meta"]["family"] for r in chosen))
-        if len(families) < 2:
+        values = sorted(dict.fromkeys(r["meta"][key] for r in chosen), key=_natural)
+        if len(values) < 2:
             continue
         for setting in _order((r["setting"] for r in chosen), list(SETTING_NAMES)):
             here = [r for r in chosen if r["setting"] == setting]
             budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=_budget_sort_key)
             if not budgets:
                 continue  # FullKV alone: the main table already gives its score
-            cells: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+            cells: dict[tuple[Any, str, str], list[float]] = defaultdict(list)
             for r in here:
-                cells[(r["meta"]["family"], r["method"], r["budget"])].append(r["score"])
+                cells[(r["meta"][key], r["method"], r["budget"])].append(r["score"])
             lines += [
-                f"**{task}** by needle family, {SETTING_NAMES.get(setting, setting)} (score × 100)",
+                f"**{task}** by {BREAKDOWNS.get(key, key)}, {SETTING_NAMES.get(setting, setting)} (score × 100)",
                 "",
-                "| family | method | " + " | ".join(f"C={b}" for b in budgets) + " |",
+                f"| {key} | method | " + " | ".join(f"C={b}" for b in budgets) + " |",
                 "|---|---|" + "---:|" * len(budgets),
             ]
-            for family in families:
-                example = next(r for r in here if r["meta"]["family"] == family)
-                label = f"{family} ({example['meta'].get('distribution', '?')}, n = "
+            for value in values:
+                example = next(r for r in here if r["meta"][key] == value)
+                side = f"{example['meta'].get('distribution', '?')}, " if key == "family" else ""
                 for method in _order((r["method"] for r in here), methods):
-                    full = cells.get((family, method, FULL))
-                    values = [full or cells.get((family, method, b), []) for b in budgets]
-                    n = max(len(v) for v in values)
+                    full = cells.get((value, method, FULL))
+                    scores = [full or cells.get((value, method, b), []) for b in budgets]
+                    n = max(len(v) for v in scores)
                     lines.append(
-                        f"| {label}{n}) | {method} | " + " | ".join(_pct(_mean(v)) for v in values) + " |"
+                        f"| {value} ({side}n = {n}) | {method} | "
+                        + " | ".join(_pct(_mean(v)) for v in scores)
+                        + " |"
                     )
             lines.append("")
     return lines
+
+
+def _natural(value: Any) -> tuple[int, float | str]:
+    """Numbers ascending before text in first-seen order (a stable sort keeps that)."""
+    return (0, value) if isinstance(value, int | float) else (1, "")
 
 
 def _importance_table(task: str, entries: list[dict[str, Any]], methods: Sequence[str]) -> list[str]:
@@ -327,7 +339,10 @@ def write_report(
     plots += plot_niah_heatmaps(rows, folder / "plots", methods)
     write_eval_runs(summary, folder / "tensorboard" / "eval")
     parts = [f"# {title}", "", *notes, "" if notes else "", markdown_tables(summary, methods)]
-    parts += [*comparison_markdown(comparisons, methods), *family_tables(rows, methods), "## Plots", ""]
+    parts += comparison_markdown(comparisons, methods)
+    for key in BREAKDOWNS:
+        parts += breakdown_tables(rows, key, methods)
+    parts += ["## Plots", ""]
     parts += [f"![{p.stem}](plots/{p.name})" for p in plots]
     parts += [
         "",

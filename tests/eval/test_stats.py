@@ -125,7 +125,11 @@ def _rows(scores: dict[tuple[str, str], list[float]], task: str = "niah") -> lis
                     "setting": "aware",
                     "score": value,
                     "metrics": {"string_match": value},
-                    "meta": {"family": "date" if i % 2 else "magic_number", "distribution": "ood"},
+                    "meta": {
+                        "family": "date" if i % 2 else "magic_number",
+                        "distribution": "ood",
+                        "length": 3072 if i < 10 else 1024,
+                    },
                 }
             )
     return rows
@@ -179,6 +183,11 @@ def test_paired_comparisons_against_fullkv_and_the_best_baseline(tmp_path):
     assert "lookaheadkv vs fullkv: within noise at C=64" in text
     assert "n = 30 per cell" in text and "smoke test" not in text.split("## Paired")[0]
     assert "by needle family" in text and "magic_number (ood, n = 15)" in text
+    # by length: lengths ascending, FullKV's one row per sample counted at every budget
+    by_length = text.split("**niah** by context length (tokens), question-aware")[1].split("\n\n")[1]
+    assert by_length.splitlines()[2].startswith("| 1024 (n = 20) | fullkv | 100.0 | 100.0 |")
+    assert "| 1024 (n = 20) | lookaheadkv | 90.0 | 90.0 |" in by_length  # its 2 misses: samples 28, 29
+    assert "| 3072 (n = 10) | lookaheadkv | 100.0 | 100.0 |" in by_length
     with (tmp_path / "comparisons.csv").open() as handle:
         assert {r["method"] for r in csv.DictReader(handle)} == {"lookaheadkv", "snapkv", "tova", "quest"}
 
@@ -190,8 +199,9 @@ def test_small_cells_are_labelled_a_smoke_test(tmp_path):
     assert "| snapkv | 33.3 [10, 70] |" in text
 
 
-def test_a_report_of_fullkv_alone_has_no_comparisons_or_family_tables(tmp_path):
+def test_a_report_of_fullkv_alone_has_no_comparisons_or_breakdown_tables(tmp_path):
     rows = _rows({("fullkv", "full"): [1.0, 0.0, 1.0, 1.0]})
     text = write_report(rows, tmp_path).read_text()
     assert "| fullkv |" in text and "Paired comparisons" not in text
-    assert "by needle family" not in text and not (tmp_path / "comparisons.csv").exists()
+    assert "by needle family" not in text and "by context length" not in text
+    assert not (tmp_path / "comparisons.csv").exists()
