@@ -18,7 +18,7 @@ from typing import Any
 
 from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.results import ADAPTER_METHODS
-from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test
+from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test, wilson_interval
 
 #: Methods that are not training-free eviction baselines: references, upper bounds, the trained method.
 NOT_BASELINES = frozenset({"fullkv", "oracle", "lookaheadkv", "quest"})
@@ -116,7 +116,7 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
         + "), on the same samples. Cells: difference in points (wins/losses) and the two-sided p-value: "
         "exact McNemar for 0/1 scores, paired bootstrap otherwise; **bold** = outside noise (p < "
         f"{ALPHA:g}). Against FullKV, 0/1 tasks also give *kept*: FullKV-solved samples the method still "
-        "solves. A trained method is also compared with each training-free baseline (rows named after it).",
+        "solves, with the share's Wilson interval. A trained method is also compared with each training-free baseline (rows named after it).",
         "",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -176,8 +176,10 @@ def _cell(entry: dict[str, Any] | None) -> str:
     text = f"{_signed(entry['diff'])} ({entry['wins']}/{entry['losses']}) p={entry['p']:.2g}"
     if entry["reference"] == "best baseline":
         text += f" vs {entry['baseline']}"
-    if "kept" in entry:
-        text += f", kept {entry['kept']}/{entry['solved']}"
+    if entry.get("solved"):
+        low, high = wilson_interval(entry["kept"], entry["solved"])
+        share = entry["kept"] / entry["solved"]
+        text += f", kept {entry['kept']}/{entry['solved']} = {100 * share:.0f} % [{100 * low:.0f}, {100 * high:.0f}]"
     return f"**{text}**" if entry["significant"] else text
 
 

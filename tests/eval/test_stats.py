@@ -181,6 +181,7 @@ def test_paired_comparisons_against_fullkv_and_the_best_baseline(tmp_path):
         "not at C=128 (tova: +3.3, p=1)." in text
     )
     assert "lookaheadkv vs fullkv: within noise at C=64" in text
+    assert "-6.7 (0/2) p=0.5, kept 28/30 = 93 % [79, 98] |" in text  # the retention's Wilson interval
     assert "n = 30 per cell" in text and "smoke test" not in text.split("## Paired")[0]
     assert "by needle family" in text and "magic_number (ood, n = 15)" in text
     # by length: lengths ascending, FullKV's one row per sample counted at every budget
