@@ -163,6 +163,9 @@ def breakdown_tables(rows: Sequence[dict[str, Any]], key: str, methods: Sequence
             budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=_budget_sort_key)
             if not budgets:
                 continue  # FullKV alone: the main table already gives its score
+            present = [
+                v for v in values if any(r["meta"][key] == v for r in here)
+            ]  # a partial run lacks some
             cells: dict[tuple[Any, str, str], list[float]] = defaultdict(list)
             for r in here:
                 cells[(r["meta"][key], r["method"], r["budget"])].append(r["score"])
@@ -172,7 +175,7 @@ def breakdown_tables(rows: Sequence[dict[str, Any]], key: str, methods: Sequence
                 f"| {key} | method | " + " | ".join(f"C={b}" for b in budgets) + " |",
                 "|---|---|" + "---:|" * len(budgets),
             ]
-            for value in values:
+            for value in present:
                 example = next(r for r in here if r["meta"][key] == value)
                 side = f"{example['meta'].get('distribution', '?')}, " if key == "family" else ""
                 for method in _order((r["method"] for r in here), methods):

@@ -200,6 +200,14 @@ def test_small_cells_are_labelled_a_smoke_test(tmp_path):
     assert "| snapkv | 33.3 [10, 70] |" in text
 
 
+def test_a_partial_run_breaks_down_only_the_lengths_each_setting_has(tmp_path):
+    rows = _rows({("fullkv", "full"): [1.0] * 12, ("snapkv", "64"): [0.0] * 12})
+    agnostic = [r | {"setting": "agnostic"} for r in rows if r["meta"]["length"] == 3072]  # 1K not run yet
+    text = write_report(rows + agnostic, tmp_path).read_text()
+    table = text.split("by context length (tokens), question-agnostic")[1].split("## Plots")[0]
+    assert "| 3072 (n = 10) | snapkv | 0.0 |" in table and "1024" not in table
+
+
 def test_a_report_of_fullkv_alone_has_no_comparisons_or_breakdown_tables(tmp_path):
     rows = _rows({("fullkv", "full"): [1.0, 0.0, 1.0, 1.0]})
     text = write_report(rows, tmp_path).read_text()
