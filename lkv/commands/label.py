@@ -122,7 +122,6 @@ def label(
         extra=responses_meta(engine),
         chat_template_kwargs=template_kwargs(enable_thinking),
     )
-    _check_source(folder, prompts)
     all_prompts = list(prompts)
     if not all_prompts:
         raise ValueError(
@@ -134,6 +133,8 @@ def label(
         raise ValueError(f"prompts: expected unique prompt ids, found duplicates {duplicates[:5]}")
     done = finished_ids(folder) if folder.exists() else set()
     todo = [p for p in all_prompts if p.id not in done]
+    if todo:  # nothing to add: a finished folder resumes whatever its source's description (a moved file)
+        _check_source(folder, prompts)
     if engine is not None:
         engine.check_covers(p.id for p in todo)
         engine.keep_only(p.id for p in todo)

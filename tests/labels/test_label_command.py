@@ -108,11 +108,13 @@ def test_a_larger_num_prompts_grows_the_folder_and_other_prompts_are_refused(
     assert sorted(grown["id"]) == sorted(whole["id"]) and len(grown) == 4
     by_id = {row["id"]: row for row in whole}
     assert all(row["scores"] == by_id[row["id"]]["scores"] for row in grown)
-    # fewer prompts, or other prompts, are refused before any model is loaded; the folder is untouched
+    # fewer prompts of the source are all labelled already: nothing to do, the folder is untouched; other
+    # prompts are refused before any model is loaded
     before = (tmp_path / "grown" / "meta.json").read_text()
-    for num_prompts, settings in ((3, {}), (6, {"seed": 1})):
-        with pytest.raises(ValueError, match=r"grown already holds labels of the prompts BuiltinPrompts"):
-            grow(tmp_path / "grown", num_prompts, **settings)
+    grow(tmp_path / "grown", 3)
+    assert "3 prompts, 4 already labelled, 0 to go" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"grown already holds labels of the prompts BuiltinPrompts"):
+        grow(tmp_path / "grown", 6, seed=1)
     assert (tmp_path / "grown" / "meta.json").read_text() == before
 
 
