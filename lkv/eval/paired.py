@@ -3,10 +3,10 @@ eviction baseline of the same cell, on the same samples.
 
 A comparison pairs the rows of two methods by sample id within one (task, setting, budget); FullKV has one
 row per sample and setting, compared at every budget. A trained method (LookaheadKV) is also compared with
-every training-free baseline, one by one: the claim "beats every baseline" needs each test, not only the best's. 0/1 scores get the exact McNemar test, continuous
-ones the paired bootstrap (:mod:`lkv.eval.stats`). The *best training-free baseline* of a cell is the eviction
-method with the highest mean there among those that are neither trained (LookaheadKV), nor an upper bound
-(Oracle), nor keep the whole cache (FullKV, Quest).
+every training-free baseline, one by one: the claim "beats every baseline" needs each test, not only the
+best's. 0/1 scores get the exact McNemar test, continuous ones the paired bootstrap (:mod:`lkv.eval.stats`).
+The *best training-free baseline* of a cell is the eviction method with the highest mean there among those
+that are neither trained (LookaheadKV), nor an upper bound (Oracle), nor keep the whole cache (FullKV, Quest).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
 
     Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline`` or ``baseline``),
     baseline (the reference method's name), the :class:`~lkv.eval.stats.PairedResult` fields (n, diff, low,
-    high, wins, losses, p, test), ``significant``, and for 0/1 tasks against FullKV ``solved`` (samples FullKV got right) and ``kept``
-    (of those, the ones the method also got right).
+    high, wins, losses, p, test), ``significant``, and for 0/1 tasks against FullKV ``solved`` (samples
+    FullKV got right) and ``kept`` (of those, the ones the method also got right).
     """
     cells = _cells(rows)
     out: list[dict[str, Any]] = []
@@ -116,7 +116,8 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
         + "), on the same samples. Cells: difference in points (wins/losses) and the two-sided p-value: "
         "exact McNemar for 0/1 scores, paired bootstrap otherwise; **bold** = outside noise (p < "
         f"{ALPHA:g}). Against FullKV, 0/1 tasks also give *kept*: FullKV-solved samples the method still "
-        "solves, with the share's Wilson interval. A trained method is also compared with each training-free baseline (rows named after it).",
+        "solves, with the share's Wilson interval. A trained method is also compared with each "
+        "training-free baseline (rows named after it).",
         "",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
