@@ -39,6 +39,14 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Qwen3's switch, reduced to its generation prompt: with enable_thinking=False the assistant turn opens with an
+# empty think block (the real template's test is `enable_thinking is defined and enable_thinking is false`)
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+EMPTY_THINK = "<think>\n\n</think>\n\n"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # 256 byte symbols + 3 special tokens + merges; the tiny models' vocabulary is at least this large.
 TOKENIZER_VOCAB = 300
@@ -167,6 +175,14 @@ def build_tiny_model(
 @pytest.fixture
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return build_tokenizer()
+
+
+@pytest.fixture
+def thinking_tokenizer() -> PreTrainedTokenizerFast:
+    """:func:`build_tokenizer` with a Qwen3-style chat template that reads ``enable_thinking``."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = THINKING_TEMPLATE
+    return tokenizer
 
 
 @pytest.fixture

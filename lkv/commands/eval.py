@@ -6,9 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
+
 from lkv.commands.signals import exit_on_sigterm
+from lkv.core.chat import template_kwargs, template_reads_variables
 from lkv.eval.report import write_report
-from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint
+from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint, unrecorded_keys
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
@@ -16,6 +19,9 @@ from lkv.eviction.presses import OraclePress, Press
 from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
+
+# run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
+TEMPLATE_KEY = "chat_template_kwargs"
 
 
 def evaluate(
@@ -34,6 +40,7 @@ def evaluate(
     title: str | None = None,
     streamed: bool = False,
     batch_size: int = 8,
+    enable_thinking: bool = False,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -60,6 +67,10 @@ def evaluate(
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
             at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).
+        enable_thinking: the chat template's variable every prompt is rendered with. Off by default, as
+            ``lkv label`` renders the training prompts: Qwen3's template then closes an empty think block and
+            the model answers at once (on, it reasons first and short answers score about 0). Recorded in
+            ``run.json`` (``chat_template_kwargs``); a rerun into the folder must use the same value.
     """
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
@@ -72,15 +83,16 @@ def evaluate(
             "FullKV answer) and lookaheadkv (settings come from its adapter) take settings"
         )
     out = Path(output)
-    check_run(
-        out,
-        {
-            "model": model,
-            "adapter": None if adapter is None else fingerprint(adapter),
-            "press_args": press_args,
-            "dtype": dtype,
-        },
-    )
+    run_info = {
+        "model": model,
+        "adapter": None if adapter is None else fingerprint(adapter),
+        "press_args": press_args,
+        "dtype": dtype,
+        TEMPLATE_KEY: template_kwargs(enable_thinking),
+    }
+    # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
+    legacy = unrecorded_keys(out, [TEMPLATE_KEY])
+    check_run(out, {k: v for k, v in run_info.items() if k not in legacy})
     if adapter is not None:
         folder = resolve_adapter(adapter, model)
         net, tokenizer, lookahead = load_lookahead(folder, model, dtype, attn_implementation, device)
@@ -88,6 +100,9 @@ def evaluate(
         net, tokenizer = load_backbone(
             model, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
+    if legacy:
+        check_legacy_template(out, tokenizer, model)
+        check_run(out, run_info, unrecorded=legacy)
     presses: dict[str, Press] = {}
     for method in methods:
         if method == "lookaheadkv":
@@ -97,7 +112,9 @@ def evaluate(
         else:
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
-    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size)
+    evaluator = Evaluator(
+        net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size, enable_thinking
+    )
     title = title or out.name
     try:
         with exit_on_sigterm():
@@ -112,6 +129,17 @@ def evaluate(
     rows = ResultsFile(out / RESULTS_FILE).rows
     report = write_report(rows, out, title=title, methods=methods)
     return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
+
+
+def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, model: str) -> None:
+    """Resume a folder whose ``run.json`` predates ``chat_template_kwargs`` only when ``model``'s chat template
+    ignores those variables (its prompts were rendered exactly as now); Qwen3's reads ``enable_thinking``."""
+    if template_reads_variables(tokenizer):
+        raise ValueError(
+            f"{output} holds results from before run.json recorded {TEMPLATE_KEY}, and the chat template of "
+            f"{model} reads them (e.g. Qwen3's enable_thinking), so its prompts may have been rendered "
+            "differently; use another --output or delete the folder"
+        )
 
 
 def interrupted_note(rows: int) -> str:

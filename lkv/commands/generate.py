@@ -35,6 +35,7 @@ def generate(
     attn_implementation: str = "sdpa",
     device: str | None = None,
     streamed: bool = False,
+    enable_thinking: bool = False,
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -66,6 +67,8 @@ def generate(
         streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv): each
             layer is cut to its budget as soon as the prefill has produced it, so only one layer's full K/V lives
             at a time; the same answer. Other methods keep the two-phase path.
+        enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
+            default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")
@@ -87,7 +90,18 @@ def generate(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
         press = make_method(method, **(press_args or {}))
-    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling, streamed=streamed)
+    compressor = Compressor(
+        net,
+        tokenizer,
+        press,
+        budget,
+        sink,
+        recent,
+        kernel,
+        pooling,
+        streamed=streamed,
+        enable_thinking=enable_thinking,
+    )
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )

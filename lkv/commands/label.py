@@ -15,11 +15,12 @@ from typing import Any, Literal
 import lightning as L
 from torch.utils.data import DataLoader
 
+from lkv.core.chat import template_kwargs
 from lkv.labels.batched import length_batches
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
 from lkv.labels.labeller import LABEL_MODES
-from lkv.labels.predict import LabelingModule, ShardPredictionWriter, responses_meta, template_kwargs
+from lkv.labels.predict import LabelingModule, ShardPredictionWriter, responses_meta
 from lkv.labels.prompts import Prompt, PromptSource
 from lkv.labels.responses import ResponsesFile
 from lkv.labels.shards import META_FILE, finished_ids, grow_prompt_source, read_meta, shard_files

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,21 @@ def fingerprint(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_run(output: Path, info: dict[str, Any]) -> None:
+def unrecorded_keys(output: Path, keys: Iterable[str]) -> set[str]:
+    """Those of ``keys`` that ``output``'s ``run.json`` lacks (it was written before lkv recorded them); none
+    when the folder holds no run yet."""
+    path = output / RUN_FILE
+    return set() if not path.exists() else set(keys) - set(json.loads(path.read_text()))
+
+
+def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()) -> None:
     """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings.
 
     A key of :data:`UNUSED_WHEN_NONE` that is None in one of the two runs was not used by it (no ``lookaheadkv``
     rows without an adapter), so it is not compared: baselines evaluated first are kept when a later run adds
     the adapter's rows to the folder, and ``run.json`` then records the adapter. Two different adapters are
-    still refused.
+    still refused. A key of ``unrecorded`` that ``run.json`` lacks (:func:`unrecorded_keys`) is recorded
+    without comparison: the caller has checked that the folder's rows agree with its value.
     """
     path = output / RUN_FILE
     if path.exists():
@@ -72,6 +81,7 @@ def check_run(output: Path, info: dict[str, Any]) -> None:
             for k in info
             if previous.get(k) != info[k]
             and not (k in UNUSED_WHEN_NONE and (previous.get(k) is None or info[k] is None))
+            and not (k in unrecorded and k not in previous)
         )
         if differing:
             raise ValueError(

@@ -189,6 +189,8 @@ class Evaluator:
             time, the same answers); the others score the shared prefill.
         batch_size: answers decoded together (:mod:`lkv.eval.batched_decode`), and (sample, setting) pairs
             prefilled per chunk (their full caches are held together). 1 decodes one answer at a time.
+        enable_thinking: the chat template's variable the samples are rendered with
+            (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
     """
 
     def __init__(
@@ -202,6 +204,7 @@ class Evaluator:
         progress: bool = True,
         streamed: bool = False,
         batch_size: int = 8,
+        enable_thinking: bool = False,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -222,6 +225,7 @@ class Evaluator:
         self.progress = progress
         self.streamed = streamed
         self.batch_size = batch_size
+        self.enable_thinking = enable_thinking
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
         """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
@@ -247,7 +251,7 @@ class Evaluator:
     def _end_task(self, task: Task) -> None:
         units = []
         for sample in task.samples(self.tokenizer):
-            context, question = encode_sample(sample, self.tokenizer)
+            context, question = encode_sample(sample, self.tokenizer, self.enable_thinking)
             for setting in self.settings:
                 todo = self._pending(task.name, sample.id, setting)
                 if todo:

@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
-from lkv.core.chat import encode_context, encode_question
+from lkv.core.chat import encode_context, encode_question, render_chat
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
@@ -176,6 +176,8 @@ class Compressor:
             (:mod:`lkv.eviction.streamed`: only one layer's full K/V at a time, same result). Presses that need
             the whole prompt first (Oracle, LAQ, SpecKV, decode-time methods) keep the two-phase path;
             :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
+        enable_thinking: the chat template's variable for text prompts, contexts and questions
+            (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
     """
 
     def __init__(
@@ -190,6 +192,7 @@ class Compressor:
         pooling: str = "max",
         decode_policy: DecodePolicy | None = None,
         streamed: bool = False,
+        enable_thinking: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -208,6 +211,7 @@ class Compressor:
         check_pooling(kernel, pooling)
         self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
         self.streamed = streamed
+        self.enable_thinking = enable_thinking
         self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)
 
     @property
@@ -225,9 +229,7 @@ class Compressor:
                 raise ValueError("the prompt is empty: there is nothing to prefill or compress")
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
             if getattr(self.tokenizer, "chat_template", None):
-                text = self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False
-                )
+                text = render_chat(self.tokenizer, messages, self.enable_thinking)
                 ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             else:
                 ids = self.tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"]
@@ -367,7 +369,7 @@ class Compressor:
                 raise ValueError(
                     "text contexts need a tokenizer; pass token ids or give Compressor a tokenizer"
                 )
-            context = encode_context(self.tokenizer, context)
+            context = encode_context(self.tokenizer, context, self.enable_thinking)
         return self.compress(context)
 
     def generate(
@@ -419,7 +421,7 @@ class Compressor:
                 raise ValueError(
                     "text questions need a tokenizer; pass token ids or give Compressor a tokenizer"
                 )
-            question = encode_question(self.tokenizer, question)
+            question = encode_question(self.tokenizer, question, enable_thinking=self.enable_thinking)
         ids = torch.as_tensor(question, dtype=torch.long, device=self.device).reshape(1, -1)
         if ids.shape[1] == 0:
             raise ValueError("the question is empty")

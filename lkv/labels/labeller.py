@@ -64,19 +64,25 @@ def label_prompt(
 
 
 def split_prompt(
-    tokenizer, content: str, question: str, max_prompt_tokens: int, truncation: str
+    tokenizer,
+    content: str,
+    question: str,
+    max_prompt_tokens: int,
+    truncation: str,
+    enable_thinking: bool = False,
 ) -> tuple[list[int], list[int]] | None:
     """``(context_ids, question_ids)`` of a one-turn prompt whose user message ends with ``"\n\n" + question``.
 
     Encoded as the question-agnostic evaluation encodes a sample (:func:`lkv.core.chat.encode_context` /
     ``encode_question``), so labels and evaluation cut the prompt at the same token. An over-long prompt
     follows ``truncation`` on the context's tokens (``middle`` keeps both ends, ``left`` the end; ``skip``
-    returns None; ``error`` raises); the question is never cut.
+    returns None; ``error`` raises); the question is never cut. ``enable_thinking`` is the chat template's
+    variable, as :func:`lkv.labels.prompts.render_prompt` passes it.
     """
     if not content.endswith("\n\n" + question):
         raise ValueError(f"the prompt does not end with its question {question[:60]!r}")
-    context = encode_context(tokenizer, content[: -len(question) - 2])
-    asked = encode_question(tokenizer, question)
+    context = encode_context(tokenizer, content[: -len(question) - 2], enable_thinking)
+    asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
     overflow = len(context) + len(asked) - max_prompt_tokens
     if overflow <= 0:
         return context, asked

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from lkv.core.chat import template_kwargs
 from lkv.core.generation import eos_ids
 from lkv.labels.batched import label_batch, label_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
@@ -126,11 +127,7 @@ class LabelingModule(L.LightningModule):
         hp = self.hparams
         if hp.label_mode != "agnostic":
             ids = render_prompt(
-                prompt,
-                self.tokenizer,
-                hp.max_prompt_tokens,
-                hp.truncation,
-                template_kwargs(hp.enable_thinking),
+                prompt, self.tokenizer, hp.max_prompt_tokens, hp.truncation, hp.enable_thinking
             )
             if ids is None:
                 log.warning(
@@ -142,7 +139,12 @@ class LabelingModule(L.LightningModule):
             log.warning("skipping prompt %s: no single user turn ending in a known question", prompt.id)
             return None, None
         split = split_prompt(
-            self.tokenizer, users[0]["content"], prompt.meta["question"], hp.max_prompt_tokens, hp.truncation
+            self.tokenizer,
+            users[0]["content"],
+            prompt.meta["question"],
+            hp.max_prompt_tokens,
+            hp.truncation,
+            hp.enable_thinking,
         )
         if split is None:
             log.warning(
@@ -211,8 +213,3 @@ class ShardPredictionWriter(BasePredictionWriter):
 def responses_meta(responses: ResponsesFile | None) -> dict[str, Any]:
     """The label meta's ``extra`` entry naming where the responses came from (none when generated here)."""
     return {} if responses is None else {"responses": responses.source}
-
-
-def template_kwargs(enable_thinking: bool) -> dict[str, Any]:
-    """Chat-template variables of a label run (recorded in ``meta.json`` as ``extra.chat_template_kwargs``)."""
-    return {"enable_thinking": enable_thinking}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from lkv.core.chat import render_chat
 from lkv.model import assets
 
 ESSAY_SOURCE = "paul-graham-essays"
@@ -146,7 +147,7 @@ def render_prompt(
     tokenizer,
     max_prompt_tokens: int,
     truncation: Truncation = "middle",
-    template_kwargs: dict[str, Any] | None = None,
+    enable_thinking: bool = False,
 ) -> list[int] | None:
     """Token ids of ``prompt`` under the tokenizer's chat template, ready for generation.
 
@@ -155,9 +156,9 @@ def render_prompt(
 
     Args:
         max_prompt_tokens: length limit of the rendered prompt.
-        template_kwargs: extra variables for the chat template, e.g. ``{"enable_thinking": False}`` (Qwen3's
-            template then closes an empty ``<think>`` block, so the response is the answer itself); a
-            template that does not read a variable ignores it.
+        enable_thinking: the chat template's variable (:func:`lkv.core.chat.template_kwargs`); off, Qwen3's
+            template closes an empty ``<think>`` block, so the response is the answer itself. A template
+            that does not read it ignores it.
         truncation: for an over-long prompt — ``middle`` keeps the first and last halves of the longest user
             turn's tokens (LongBench style), ``left`` keeps its end; both cut inside the content and render
             again, so the template stays intact. ``skip`` returns None; ``error`` raises.
@@ -172,7 +173,7 @@ def render_prompt(
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
     if not any(m["content"].strip() for m in prompt.messages):
         raise ValueError(f"prompt {prompt.id!r} is empty")
-    ids = _encode(tokenizer, prompt.messages, template_kwargs)
+    ids = _encode(tokenizer, prompt.messages, enable_thinking)
     if len(ids) <= max_prompt_tokens:
         return ids
     if truncation == "skip":
@@ -202,19 +203,15 @@ def render_prompt(
             text = _decode(tokenizer, content[len(content) - keep :])
         messages = [dict(m) for m in prompt.messages]
         messages[target]["content"] = text
-        ids = _encode(tokenizer, messages, template_kwargs)
+        ids = _encode(tokenizer, messages, enable_thinking)
         if len(ids) <= max_prompt_tokens:
             return ids
         # Cutting and decoding can merge tokens differently; shrink by what is still over.
         overflow += len(ids) - max_prompt_tokens
 
 
-def _encode(
-    tokenizer, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None
-) -> list[int]:
-    text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
-    )
+def _encode(tokenizer, messages: list[dict[str, str]], enable_thinking: bool) -> list[int]:
+    text = render_chat(tokenizer, messages, enable_thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -15,6 +15,7 @@ from lkv.labels.labeller import label_prompt
 from lkv.labels.prompts import render_prompt
 from lkv.labels.shards import load_labels, read_meta, row_scores
 from lkv.model.backbone import load_backbone
+from tests.conftest import THINKING_TEMPLATE
 
 
 @pytest.fixture
@@ -356,14 +357,6 @@ def test_load_backbone_reads_weights_onto_the_device(saved_model, monkeypatch):
     model, _ = load_backbone(str(saved_model), device="meta")
     assert seen == ["meta"]
     assert {p.device.type for p in model.parameters()} == {"meta"}
-
-
-# Qwen3's switch, reduced to its generation prompt: thinking off closes an empty think block
-THINKING_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
 
 
 def test_labels_render_the_chat_template_with_thinking_off(tiny_llama, jsonl, tmp_path):

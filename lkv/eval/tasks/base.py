@@ -47,14 +47,18 @@ class Sample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def encode_sample(sample: Sample, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+def encode_sample(
+    sample: Sample, tokenizer: PreTrainedTokenizerBase, enable_thinking: bool = False
+) -> tuple[list[int], list[int]]:
     """``(context_ids, question_ids)``; the prompt is their concatenation in both settings.
 
     With ``chat`` the context ids start with the chat template's opening and the question ids end with its
-    closing (+ ``answer_prefix``), as :func:`lkv.core.chat.encode_context` / ``encode_question`` do. Raw
-    text gets the tokenizer's own special tokens (e.g. a BOS), as LongBench's ``pred.py`` tokenises it.
+    closing (+ ``answer_prefix``), as :func:`lkv.core.chat.encode_context` / ``encode_question`` do, rendered
+    with the template variable ``enable_thinking`` (off: Qwen3's closing holds an empty think block, as the
+    labels' prompts do). Raw text gets the tokenizer's own special tokens (e.g. a BOS), as LongBench's
+    ``pred.py`` tokenises it.
     """
-    prefix, suffix = chat_parts(tokenizer) if sample.chat else ("", "")
+    prefix, suffix = chat_parts(tokenizer, enable_thinking) if sample.chat else ("", "")
     context = tokenizer(prefix + sample.context, add_special_tokens=not sample.chat)["input_ids"]
     question = tokenizer(sample.question + suffix + sample.answer_prefix, add_special_tokens=False)[
         "input_ids"
