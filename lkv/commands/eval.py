@@ -40,6 +40,7 @@ def evaluate(
     title: str | None = None,
     streamed: bool = False,
     batch_size: int = 8,
+    max_batch_tokens: int | None = None,
     enable_thinking: bool = False,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
@@ -67,11 +68,18 @@ def evaluate(
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
             at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).
+        max_batch_tokens: the most cached tokens a chunk's stacked full caches hold (pairs × the longest
+            prompt): long prompts get chunks of fewer than ``batch_size`` pairs. Default: half of the free GPU
+            memory over one token's K/V bytes (no limit on a CPU). Peak memory: docs/scale_out.md, "Evaluation
+            memory".
         enable_thinking: the chat template's variable every prompt is rendered with. Off by default, as
             ``lkv label`` renders the training prompts: Qwen3's template then closes an empty think block and
             the model answers at once (on, it reasons first and short answers score about 0). Recorded in
             ``run.json`` (``chat_template_kwargs``); a rerun into the folder must use the same value.
     """
+    for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name}: expected a positive number, found {value}")
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
         raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
@@ -113,7 +121,17 @@ def evaluate(
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
     evaluator = Evaluator(
-        net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size, enable_thinking
+        net,
+        tokenizer,
+        presses,
+        budgets,
+        settings,
+        out,
+        progress,
+        streamed,
+        batch_size,
+        enable_thinking,
+        max_batch_tokens,
     )
     title = title or out.name
     try:

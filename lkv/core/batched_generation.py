@@ -113,6 +113,7 @@ def prefill_padded(model: PreTrainedModel, prompts: Sequence[Sequence[int]]) -> 
             own, row_logits = prefill(model, torch.tensor([list(ids)], device=device))
             logits.append(row_logits)
             yield own
+            del own  # copied into the stack: released before the next prompt is prefilled
 
     width = max(lengths)
     cache = _left_padded(prefilled(), [width - n for n in lengths], DynamicCache(config=model.config))
@@ -128,7 +129,10 @@ def stack_layout(cache: DynamicCache) -> tuple[int, ...] | None:
 
 
 def stack_caches(
-    caches: Sequence[DynamicCache], next_logits: Sequence[torch.Tensor], positions: Sequence[int]
+    caches: Iterable[DynamicCache],
+    next_logits: Sequence[torch.Tensor],
+    positions: Sequence[int],
+    lengths: Sequence[int] | None = None,
 ) -> PaddedPrompts:
     """Stack single-row caches (compressed prompts) into one left-padded batch to decode together.
 
@@ -137,53 +141,80 @@ def stack_caches(
     same :func:`stack_layout` (then there is no padding at all and no mask is needed). The inputs are copied.
 
     Args:
-        caches: layer ``l`` of cache ``b`` holds ``(1, kv_heads, n_bl, head_dim)``.
+        caches: layer ``l`` of cache ``b`` holds ``(1, kv_heads, n_bl, head_dim)``. With ``lengths`` they may
+            come from a generator: each is copied into the stack and let go before the next is asked for, so
+            the stack and one row's own cache are all that is held at once (uniform layers only).
         next_logits: ``(1, vocab)`` each: the logits for each row's first new token.
         positions: position id of each row's first new token (the *uncompressed* prompt length, plus any
-            tokens appended after compression).
+            tokens appended after compression). Both are read once every cache is copied (a generator of
+            ``caches`` may fill them as it goes).
+        lengths: each row's entries per layer, known before its cache is made (a generator's caches).
 
     Returns:
         :class:`PaddedPrompts` whose ``lengths`` are the rows' entries per layer (a ragged batch: layer 0's).
     """
-    if not caches or not len(caches) == len(next_logits) == len(positions):
-        raise ValueError(
-            f"expected as many caches ({len(caches)}), logits ({len(next_logits)}) and positions "
-            f"({len(positions)}), at least one"
-        )
-    layouts = {stack_layout(cache) for cache in caches}
-    ragged = layouts != {None}
-    if ragged and len(layouts) > 1:
-        raise ValueError(
-            f"ragged caches stack only with caches of the same layer lengths, got {len(layouts)} layouts: "
-            "group them by stack_layout()"
-        )
-    lengths = [cache.layers[0].keys.shape[2] for cache in caches]
+    ragged = False
+    if lengths is None:
+        caches = list(caches)
+        if not caches:
+            raise ValueError("expected at least one cache to stack")
+        layouts = {stack_layout(cache) for cache in caches}
+        ragged = layouts != {None}
+        if ragged and len(layouts) > 1:
+            raise ValueError(
+                f"ragged caches stack only with caches of the same layer lengths, got {len(layouts)} layouts: "
+                "group them by stack_layout()"
+            )
+        lengths = [cache.layers[0].keys.shape[2] for cache in caches]
     width = max(lengths)
     stacked = _left_padded(caches, [width - n for n in lengths], DynamicCache())
+    if not len(lengths) == len(next_logits) == len(positions):
+        raise ValueError(
+            f"expected as many caches ({len(lengths)}), logits ({len(next_logits)}) and positions "
+            f"({len(positions)})"
+        )
     if ragged:
         stacked = CompressedCache(stacked.layers)
-    return PaddedPrompts(stacked, torch.cat(list(next_logits)), lengths, list(positions))
+    return PaddedPrompts(stacked, torch.cat(list(next_logits)), list(lengths), list(positions))
 
 
 def _left_padded(caches: Iterable[DynamicCache], pads: Sequence[int], into: DynamicCache) -> DynamicCache:
     """``into`` filled with the single-row ``caches`` stacked along the batch: row ``b`` of layer ``l`` is
-    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer)."""
+    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer).
+
+    No reference to a row's cache outlives its copy (a generator may make the next row meanwhile)."""
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
-    for row, own in enumerate(caches):
-        for index, layer in enumerate(own.layers):
-            entries = layer.keys.shape[2]
-            if row == 0:
-                shape = (len(pads), layer.keys.shape[1], pads[0] + entries, layer.keys.shape[3])
-                keys.append(layer.keys.new_zeros(shape))
-                values.append(layer.values.new_zeros(shape[:3] + (layer.values.shape[3],)))
-            keys[index][row, :, pads[row] :] = layer.keys[0]
-            values[index][row, :, pads[row] :] = layer.values[0]
+    row = 0
+    for own in caches:
+        _copy_row(own, row, pads, keys, values)
+        row += 1
         del own
+    if row != len(pads):
+        raise ValueError(f"expected {len(pads)} caches to stack, got {row}")
     for index in range(len(keys)):
         into.update(keys[index], values[index], index)
         keys[index] = values[index] = None  # the cache holds its own copy now
     return into
+
+
+def _copy_row(
+    own: DynamicCache, row: int, pads: Sequence[int], keys: list[torch.Tensor], values: list[torch.Tensor]
+) -> None:
+    """Copy ``own``'s entries into row ``row`` of the stacked ``keys``/``values`` (allocated at row 0)."""
+    for index, layer in enumerate(own.layers):
+        entries = layer.keys.shape[2]
+        if row == 0:
+            shape = (len(pads), layer.keys.shape[1], pads[0] + entries, layer.keys.shape[3])
+            keys.append(layer.keys.new_zeros(shape))
+            values.append(layer.values.new_zeros(shape[:3] + (layer.values.shape[3],)))
+        if pads[row] + entries != keys[index].shape[2]:
+            raise ValueError(
+                f"row {row}, layer {index}: {entries} entries after {pads[row]} columns of padding do not fill "
+                f"the stack's {keys[index].shape[2]} columns (its announced length is wrong, or its layers differ)"
+            )
+        keys[index][row, :, pads[row] :] = layer.keys[0]
+        values[index][row, :, pads[row] :] = layer.values[0]
 
 
 @dataclass
@@ -265,10 +296,13 @@ def greedy_batch(
         stopped = stops.nonzero().flatten().tolist()
         for index in stopped:
             row = live[index]
-            prompt = None
-            if keep_prompt:
-                prompt = row_prompt_cache(cache, index, padded.lengths[row], padded.width)
-            yield Finished(row, tokens[row], prompt, seconds[row])
+            # no local keeps the row's prompt copy: once the caller lets it go, it is gone
+            yield Finished(
+                row,
+                tokens[row],
+                row_prompt_cache(cache, index, padded.lengths[row], padded.width) if keep_prompt else None,
+                seconds[row],
+            )
         if len(stopped) == len(live):
             return
         if stopped:

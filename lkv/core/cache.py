@@ -8,10 +8,11 @@ ids that continue from the uncompressed prompt length.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from lkv.core.compat import mask_query_length
@@ -54,18 +55,23 @@ class CompressedCache(DynamicCache):
         return [layer.get_seq_length() for layer in self.layers]
 
 
-def gather_cache(cache: DynamicCache, indices: Sequence[torch.Tensor]) -> CompressedCache:
-    """Keep only ``indices`` of every layer; the returned cache shares (and shrinks) ``cache``'s layers.
+def gather_cache(
+    cache: DynamicCache, indices: Sequence[torch.Tensor], in_place: bool = True
+) -> CompressedCache:
+    """Keep only ``indices`` of every layer.
 
     Args:
         cache: a single-sequence cache, layer ``l`` holding ``(1, kv_heads, S, head_dim)``.
         indices: per layer ``(1, kv_heads, C_l)`` int64 positions to keep, ascending.
+        in_place: the returned cache shares (and shrinks) ``cache``'s layers; False leaves ``cache`` whole and
+            gathers into new layers (only the kept entries are copied: no full copy of ``cache`` is made).
     """
     if len(indices) != len(cache.layers):
         raise ValueError(f"got kept positions for {len(indices)} layers, the cache has {len(cache.layers)}")
+    target = cache if in_place else CompressedCache([copy.copy(layer) for layer in cache.layers])
     for layer_idx, index in enumerate(indices):
-        gather_layer(cache, layer_idx, index)
-    return CompressedCache(cache.layers)
+        gather_layer(target, layer_idx, index)
+    return CompressedCache(target.layers)
 
 
 def gather_layer(cache: DynamicCache, layer_idx: int, index: torch.Tensor) -> None:
@@ -87,6 +93,12 @@ def gather_layer(cache: DynamicCache, layer_idx: int, index: torch.Tensor) -> No
 def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``states (1, kv_heads, S, d)``, ``index (1, kv_heads, C)`` → a new ``(1, kv_heads, C, d)`` tensor."""
     return states.gather(2, index.to(states.device)[..., None].expand(-1, -1, -1, states.shape[-1]))
+
+
+def token_bytes(config: PretrainedConfig, dtype_bytes: int) -> int:
+    """Bytes of one token's keys and values in every layer: ``2 · layers · kv_heads · head_dim · dtype_bytes``."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * dtype_bytes
 
 
 def cache_bytes(cache: DynamicCache) -> int:

@@ -20,11 +20,11 @@ changes while decoding (decode-time policies) keep the one-at-a-time path of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.batched_generation import greedy_batch, stack_caches, stack_layout
 from lkv.core.clock import clock
@@ -141,62 +141,98 @@ class AnswerBatches:
 
     def _decode(self, batch: list[tuple[AnswerRequest, Done]]) -> None:
         requests = [request for request, _ in batch]
-        stoppers = [
-            StopStrings(self.tokenizer, r.sampling.stop) if r.sampling.stop else None for r in requests
-        ]
-        padded = stack_caches(
-            [r.compressed.cache for r in requests],
-            [r.next_logits for r in requests],
-            [r.position for r in requests],
+        for row, generation, _ in decode_batch(self.model, self.tokenizer, self.eos_token_ids, requests):
+            batch[row][1](generation)
+
+
+# Not wrapped in torch.no_grad(): its generator wrapper would hold each yielded prompt cache until the next
+# row (greedy_batch decodes without gradients).
+def decode_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_token_ids: list[int],
+    requests: Iterable[AnswerRequest],
+    lengths: Sequence[int] | None = None,
+    keep_prompt: bool = False,
+) -> Iterator[tuple[int, Generation, DynamicCache | None]]:
+    """Decode ``requests`` as one batch; yields ``(row, generation, prompt cache)`` as each answer ends.
+
+    Each request's cache is copied into one stacked cache (:func:`~lkv.core.batched_generation.stack_caches`)
+    and taken from the request (set to None) once copied.
+
+    Args:
+        requests: a list, or (with ``lengths``) a generator: then each request's cache is copied and let go
+            before the next request is made, so the stack and one request's cache are all that is held.
+        lengths: the entries of each request's cache (uniform layers), known before the requests are made.
+        keep_prompt: yield each row's cached entries as of its first answer token (a copy cut out of the
+            stack: the prompt, plus an appended question), else None. The caller should let it go before
+            asking for the next row: decoding goes on meanwhile.
+    """
+    taken: list[AnswerRequest] = []
+    kept: list[list[int]] = []
+    logits: list[torch.Tensor] = []
+    positions: list[int] = []
+
+    def caches() -> Iterator[DynamicCache]:
+        for request in requests:
+            taken.append(request)
+            kept.append(request.compressed.kept_per_layer)
+            logits.append(request.next_logits)
+            positions.append(request.position)
+            yield request.compressed.cache
+            request.compressed.cache = None  # the stacked copy holds the entries now
+
+    padded = stack_caches(caches(), logits, positions, lengths)
+    stoppers = [StopStrings(tokenizer, r.sampling.stop) if r.sampling.stop else None for r in taken]
+    rules = [_rule(tokenizer, r, s) for r, s in zip(taken, stoppers, strict=True)]
+    limits = [r.sampling.max_new_tokens for r in taken]
+    for finished in greedy_batch(model, padded, limits, eos_token_ids, rules, keep_prompt=keep_prompt):
+        row = finished.row
+        generation = _generation(
+            tokenizer, eos_token_ids, taken[row], kept[row], stoppers[row], finished.tokens, finished.seconds
         )
-        kept = [r.compressed.kept_per_layer for r in requests]
-        for request in requests:  # the stacked copy holds the entries now: free the row's own
-            request.compressed.cache = None
-        rules = [self._rule(r, s) for r, s in zip(requests, stoppers, strict=True)]
-        limits = [r.sampling.max_new_tokens for r in requests]
-        for finished in greedy_batch(
-            self.model, padded, limits, self.eos_token_ids, rules, keep_prompt=False
-        ):
-            request, done = batch[finished.row]
-            row = finished.row
-            done(self._generation(request, kept[row], stoppers[row], finished.tokens, finished.seconds))
+        yield row, generation, finished.prompt_cache
+        finished.prompt_cache = None
 
-    def _rule(
-        self, request: AnswerRequest, stopper: StopStrings | None
-    ) -> Callable[[list[int]], bool] | None:
-        if request.settled is None:
-            return stopper
-        settled = request.settled
 
-        def rule(tokens: list[int]) -> bool:
-            if stopper is not None and stopper(tokens):
-                return True
-            return settled(self.tokenizer.decode(tokens, skip_special_tokens=True))
+def _rule(
+    tokenizer: PreTrainedTokenizerBase, request: AnswerRequest, stopper: StopStrings | None
+) -> Callable[[list[int]], bool] | None:
+    if request.settled is None:
+        return stopper
+    settled = request.settled
 
-        return rule
+    def rule(tokens: list[int]) -> bool:
+        if stopper is not None and stopper(tokens):
+            return True
+        return settled(tokenizer.decode(tokens, skip_special_tokens=True))
 
-    def _generation(
-        self,
-        request: AnswerRequest,
-        kept_per_layer: list[int],
-        stopper: StopStrings | None,
-        tokens: list[int],
-        seconds: float,
-    ) -> Generation:
-        text, reason = answer_text(self.tokenizer, tokens, self.eos_token_ids, stopper)
-        if reason == "length" and request.settled is not None and request.settled(text):
-            reason = "answered"  # the task's score can no longer change (it may coincide with the limit)
-        compressed = request.compressed
-        return Generation(
-            text=text,
-            token_ids=tokens,
-            finish_reason=reason,
-            prompt_tokens=request.position,
-            kept_per_layer=kept_per_layer,
-            kv_bytes_full=compressed.kv_bytes_full,
-            kv_bytes_kept=compressed.kv_bytes_kept,
-            prefill_s=compressed.prefill_s,
-            eviction_s=compressed.eviction_s,
-            question_s=request.question_s,
-            decode_s=seconds,
-        )
+    return rule
+
+
+def _generation(
+    tokenizer: PreTrainedTokenizerBase,
+    eos_token_ids: list[int],
+    request: AnswerRequest,
+    kept_per_layer: list[int],
+    stopper: StopStrings | None,
+    tokens: list[int],
+    seconds: float,
+) -> Generation:
+    text, reason = answer_text(tokenizer, tokens, eos_token_ids, stopper)
+    if reason == "length" and request.settled is not None and request.settled(text):
+        reason = "answered"  # the task's score can no longer change (it may coincide with the limit)
+    compressed = request.compressed
+    return Generation(
+        text=text,
+        token_ids=tokens,
+        finish_reason=reason,
+        prompt_tokens=request.position,
+        kept_per_layer=kept_per_layer,
+        kv_bytes_full=compressed.kv_bytes_full,
+        kv_bytes_kept=compressed.kv_bytes_kept,
+        prefill_s=compressed.prefill_s,
+        eviction_s=compressed.eviction_s,
+        question_s=request.question_s,
+        decode_s=seconds,
+    )

@@ -4,10 +4,12 @@
 
 Per sample and setting the prompt is prefilled **once**: every method's prefill capture (SnapKV's window,
 TOVA's last query, H2O's every query; identical ones shared) rides on that one forward pass, every method
-scores the same cache, and each (method, budget) then only evicts a copy and decodes. Up to ``batch_size``
-(sample, setting) pairs go through together: their answers are decoded in batches wherever the method's cache
-is fixed after eviction (:mod:`lkv.eval.batched_decode`), and an answer of a string-match task stops once its
-score is settled (:attr:`~lkv.eval.tasks.Task.settles_at_full_score`). The FullKV answer is decoded first: it
+scores the same cache, and each (method, budget) then gathers its kept entries and decodes. Up to
+``batch_size`` (sample, setting) pairs go through together (fewer where prompts are long: ``max_batch_tokens``):
+their answers are decoded in batches wherever the method's cache is fixed after eviction
+(:mod:`lkv.eval.batched_decode`), and an answer of a string-match task stops once its score is settled
+(:attr:`~lkv.eval.tasks.Task.settles_at_full_score`). At most the chunk's stacked full caches and one more
+prompt's cache are held (:meth:`Evaluator._run_chunk`). The FullKV answer of each prompt is decoded first: it
 is the FullKV result, the reference of fidelity tasks, and the source of the Oracle's scores — the attention
 its own answer tokens pay to the prompt (teacher-forced on the full cache, after the question in the
 question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actually given.
@@ -20,13 +22,14 @@ Output folder::
 
     results.jsonl    one row per (task, sample, method, budget, setting), appended and flushed as it is made;
                      a rerun skips finished rows (:mod:`lkv.eval.results`)
-    run.json         model, adapter fingerprint and method settings; a rerun with other ones is refused
+    run.json         model, adapter fingerprint, method settings and chat-template variables; a rerun with other
+                     ones is refused
     summary.csv, report.md, plots/*.png, tensorboard/   (see :mod:`lkv.eval.report`)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,12 +39,12 @@ from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import ImportanceCapture
-from lkv.core.cache import cache_bytes
+from lkv.core.cache import cache_bytes, token_bytes
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
-from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request
+from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
 from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
@@ -53,6 +56,25 @@ from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
 Setting = Literal["aware", "agnostic"]
+
+
+# Share of the device's free memory that a chunk's stacked full caches may take when no max_batch_tokens is
+# given; the rest is for one prompt's cache copy (at most the stack's size), the prefill's activations, the
+# evicted caches waiting to be decoded and the allocator's slack (docs/scale_out.md, "Evaluation memory").
+CACHE_SHARE = 0.5
+
+
+def device_batch_tokens(model: PreTrainedModel, share: float = CACHE_SHARE) -> int | None:
+    """The most cached tokens a chunk may stack: ``share`` of the free device memory over one token's K/V bytes
+    in every layer (:func:`lkv.core.cache.token_bytes`); None (no limit) off CUDA."""
+    parameter = next(model.parameters())
+    if parameter.device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(parameter.device)
+    # memory the caching allocator holds but no tensor uses is free for the caches too
+    free += torch.cuda.memory_reserved(parameter.device) - torch.cuda.memory_allocated(parameter.device)
+    per_token = token_bytes(model.config.get_text_config(), parameter.element_size())
+    return max(1, int(share * free / per_token))
 
 
 def budget_key(method: str, budget: int | float | None) -> str:
@@ -138,8 +160,12 @@ class _Unit:
     streams: set[str] = field(default_factory=set)
     shared: Prefilled | None = None
     full: dict[str, Any] | None = None
-    full_gen: Generation | None = None
     scored: dict[str, ScoredPrompt] | None = None
+
+    @property
+    def entries(self) -> int:
+        """Cached entries when its answer starts: the prompt and, question-agnostic, the appended question."""
+        return len(self.context) + len(self.question)
 
     @property
     def prompt(self) -> list[int]:
@@ -154,9 +180,6 @@ class _Unit:
     @property
     def sampling(self) -> Sampling:
         return Sampling(max_new_tokens=self.sample.max_new_tokens, stop=tuple(self.sample.stop))
-
-    def full_done(self, gen: Generation) -> None:
-        self.full_gen = gen
 
     def full_scored(self, scores: torch.Tensor | None = None, score_s: float = 0.0) -> ScoredPrompt:
         """The shared prefill as a :class:`ScoredPrompt` with a method's ``scores`` (none: FullKV)."""
@@ -187,8 +210,11 @@ class Evaluator:
         streamed: methods that can (:attr:`Press.streamable`) compress each (prompt, budget) with layer-streamed
             eviction (:mod:`lkv.eviction.streamed`: a prefill of their own per budget, one layer's full K/V at a
             time, the same answers); the others score the shared prefill.
-        batch_size: answers decoded together (:mod:`lkv.eval.batched_decode`), and (sample, setting) pairs
-            prefilled per chunk (their full caches are held together). 1 decodes one answer at a time.
+        batch_size: answers decoded together (:mod:`lkv.eval.batched_decode`), and the most (sample, setting)
+            pairs per chunk (their full caches are held together, stacked). 1 decodes one answer at a time.
+        max_batch_tokens: the most cached tokens of a chunk's stacked full caches (pairs × the longest one's
+            entries); a chunk holds fewer pairs where prompts are long. None: derived from the device's free
+            memory (:func:`device_batch_tokens`; no limit on a CPU). The peak is in docs/scale_out.md.
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
     """
@@ -205,9 +231,12 @@ class Evaluator:
         streamed: bool = False,
         batch_size: int = 8,
         enable_thinking: bool = False,
+        max_batch_tokens: int | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens <= 0:
+            raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
         self.tokenizer = tokenizer
         self.budgets = list(budgets)
@@ -226,6 +255,7 @@ class Evaluator:
         self.streamed = streamed
         self.batch_size = batch_size
         self.enable_thinking = enable_thinking
+        self.max_batch_tokens = max_batch_tokens
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
         """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
@@ -257,57 +287,113 @@ class Evaluator:
                 if todo:
                     units.append(_Unit(sample, setting, context, question, todo))
         # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
-        units.sort(key=lambda unit: -len(unit.context) - len(unit.question))
+        units.sort(key=lambda unit: -unit.entries)
+        if self.max_batch_tokens is None:
+            self.max_batch_tokens = device_batch_tokens(self.model)
         bar = tqdm(total=len(units), desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
-        for start in range(0, len(units), self.batch_size):
-            chunk = units[start : start + self.batch_size]
+        for chunk in self._chunks(units):
             bar.set_postfix_str(f"{chunk[0].sample.id} {chunk[0].setting}")
             self._run_chunk(task, chunk)
             bar.update(len(chunk))
         bar.close()
 
-    def _run_chunk(self, task: Task, units: list[_Unit]) -> None:
-        """Every pending row of ``units`` (up to ``batch_size`` (sample, setting) pairs): one shared prefill
-        each, the FullKV answers decoded together, then every other (method, budget) answer, batched where
-        the method's cache is fixed after eviction."""
-        batches = AnswerBatches(self.model, self.tokenizer, self.full.eos_token_ids, self.batch_size)
+    def _chunks(self, units: list[_Unit]) -> Iterator[list[_Unit]]:
+        """``units`` (longest first) in chunks of at most ``batch_size`` whose stacked full caches, the count
+        × the first (longest) one's entries, hold at most ``max_batch_tokens`` (a longer unit goes alone)."""
+        chunk: list[_Unit] = []
         for unit in units:
-            ids = torch.tensor([unit.prompt], device=self.full.device)
+            limit = self.max_batch_tokens
+            if chunk and (
+                len(chunk) == self.batch_size
+                or (limit is not None and (len(chunk) + 1) * chunk[0].entries > limit)
+            ):
+                yield chunk
+                chunk = []
+            chunk.append(unit)
+        if chunk:
+            yield chunk
+
+    def _run_chunk(self, task: Task, units: list[_Unit]) -> None:
+        """Every pending row of ``units``: one shared prefill each, the FullKV answers decoded together, then
+        every other (method, budget) answer, batched where the method's cache is fixed after eviction.
+
+        Memory (docs/scale_out.md): each shared prefill is copied straight into the stacked cache that the
+        FullKV answers decode from, and let go once copied. As each FullKV answer ends, its prompt's entries
+        are cut out of the stack (one copy) and every other method scores and evicts that copy, which is let
+        go before decoding goes on. So the stack and one prompt's cache are the only full caches held, plus
+        the evicted ones waiting in ``batches``.
+        """
+        batches = AnswerBatches(self.model, self.tokenizer, self.full.eos_token_ids, self.batch_size)
+        fresh = []
+        for unit in units:
             unit.streams = {m for m, _ in unit.todo if self.streamed and self.compressors[m].press.streamable}
-            scorers = {
-                m: self.compressors[m].press
-                for m, _ in unit.todo
-                if m not in ("fullkv", "oracle") and m not in unit.streams
-            }
-            unit.shared = shared_prefill(self.model, ids, scorers)
             unit.full = self.results.done.get((task.name, unit.sample.id, "fullkv", FULL, unit.setting))
             if unit.full is None:
-                batches.add(
-                    self._request(self.full, unit.full_scored(), None, task, unit, False), unit.full_done
-                )
-        batches.flush()  # the FullKV answers are the references and the Oracle's source
-        for unit in units:
-            if unit.full is None:
-                unit.full = self._row(
-                    task, unit.sample, unit.setting, "fullkv", None, unit.full_gen, unit.full_gen.text, 0.0
-                )
-                if "fullkv" in self.methods:
-                    self.results.add(unit.full)
-            self._score_methods(unit)
-            for method, budget in unit.todo:
-                if method == "fullkv":
-                    continue
-                if method in unit.streams:
-                    gen = self._generate_streamed(method, unit, budget)
-                    self.results.add(self._method_row(task, unit, method, budget, gen.eviction_s)(gen))
-                elif self.compressors[method].decode_policy is not None:  # the cache changes while decoding
-                    gen = self._generate(self.compressors[method], unit.scored[method], budget, unit)
-                    self.results.add(self._method_row(task, unit, method, budget)(gen))
-                else:
-                    request = self._request(self.compressors[method], unit.scored[method], budget, task, unit)
-                    batches.add(request, self._method_row(task, unit, method, budget, add=True), group=budget)
-            unit.shared = unit.scored = None  # the full cache is no longer needed
+                fresh.append(unit)
+            else:  # the FullKV answer is known (a resumed run): a prefill of its own, then the other methods
+                unit.shared = self._prefill(unit)
+                self._other_methods(task, unit, batches)
+        for unit, gen in self._full_answers(fresh):
+            unit.full = self._row(task, unit.sample, unit.setting, "fullkv", None, gen, gen.text, 0.0)
+            if "fullkv" in self.methods:
+                self.results.add(unit.full)
+            self._other_methods(task, unit, batches)
         batches.flush()
+
+    def _prefill(self, unit: _Unit) -> Prefilled:
+        """``unit``'s shared prefill, with the captures of every method that scores it."""
+        ids = torch.tensor([unit.prompt], device=self.full.device)
+        scorers = {
+            m: self.compressors[m].press
+            for m, _ in unit.todo
+            if m not in ("fullkv", "oracle") and m not in unit.streams
+        }
+        return shared_prefill(self.model, ids, scorers)
+
+    def _full_answers(self, units: list[_Unit]) -> Iterator[tuple[_Unit, Generation]]:
+        """The FullKV answers of ``units``, decoded together, as each ends; the unit's ``shared.cache`` is then
+        a copy of its prompt's entries cut out of the stack (let it go before asking for the next)."""
+
+        def requests() -> Iterator[AnswerRequest]:
+            for unit in units:
+                unit.shared = self._prefill(unit)
+                yield self._full_request(unit)
+
+        lengths = [unit.entries for unit in units]
+        eos = self.full.eos_token_ids
+        answers = decode_batch(self.model, self.tokenizer, eos, requests(), lengths, keep_prompt=True)
+        for row, gen, cache in answers:
+            unit = units[row]
+            crop_to(cache, unit.shared.prompt_len)  # drop the appended question (question-agnostic)
+            unit.shared.cache = cache
+            del cache
+            yield unit, gen
+
+    def _full_request(self, unit: _Unit) -> AnswerRequest:
+        """The FullKV answer of ``unit``: it takes over the shared prefill's cache (no copy), appends the question
+        to it (question-agnostic), and the stack then takes its entries."""
+        scored = unit.full_scored()
+        unit.shared.cache = None
+        return answer_request(
+            self.model, self.full.evict(scored, in_place=True), unit.appended, unit.sampling
+        )
+
+    def _other_methods(self, task: Task, unit: _Unit, batches: AnswerBatches) -> None:
+        """Every pending (method, budget) row of ``unit`` but FullKV's, from its shared prefill (let go after)."""
+        self._score_methods(unit)
+        for method, budget in unit.todo:
+            if method == "fullkv":
+                continue
+            if method in unit.streams:
+                gen = self._generate_streamed(method, unit, budget)
+                self.results.add(self._method_row(task, unit, method, budget, gen.eviction_s)(gen))
+            elif self.compressors[method].decode_policy is not None:  # the cache changes while decoding
+                gen = self._generate(self.compressors[method], unit.scored[method], budget, unit)
+                self.results.add(self._method_row(task, unit, method, budget)(gen))
+            else:
+                request = self._request(self.compressors[method], unit.scored[method], budget, task, unit)
+                batches.add(request, self._method_row(task, unit, method, budget, add=True), group=budget)
+        unit.shared = unit.scored = None  # the full cache is no longer needed
 
     def _score_methods(self, unit: _Unit) -> None:
         """Each scored method's :class:`ScoredPrompt` of ``unit``'s shared prefill (the Oracle's from the
@@ -352,12 +438,11 @@ class Evaluator:
         budget: int | float | None,
         task: Task,
         unit: _Unit,
-        settles: bool = True,
     ) -> AnswerRequest:
-        """An answer to decode from ``scored`` evicted to ``budget``; it ends once the task's score is settled
-        (``settles`` and :attr:`Task.settles_at_full_score`)."""
+        """An answer to decode from ``scored`` evicted to ``budget`` (the kept entries gathered into a cache of
+        its own); it ends once the task's score is settled (:attr:`Task.settles_at_full_score`)."""
         settled = None
-        if settles and task.settles_at_full_score:
+        if task.settles_at_full_score:
             sample = unit.sample
             settled = lambda text: task.score(text, sample)[task.metric] >= 1.0  # noqa: E731
         return answer_request(

@@ -283,21 +283,23 @@ class Compressor:
 
         Args:
             budget: tokens per KV head or a ratio; default: the Compressor's budget.
-            in_place: shrink ``scored.cache`` itself instead of a copy (then ``scored`` serves no other
-                budget).
+            in_place: shrink ``scored.cache`` itself (then ``scored`` serves no other budget). Otherwise
+                ``scored.cache`` stays whole and the kept entries are gathered into a new cache: a full copy
+                is made only when nothing is evicted (the answer then grows a cache of its own).
         """
         budget = self.budget if budget is None else check_budget(budget)
         tokens = budget_tokens(budget, scored.prompt_len)
         budgets = self.layer_budgets(budget, scored.prompt_len)
         start = clock(self.device)
-        cache = scored.cache if in_place else copy.deepcopy(scored.cache)
         kept = None
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
             sink, recent = self._protected(scored.prompt_len, tokens)
             kept = select_indices(scored.scores, budgets, sink, recent, self.kernel, self.pooling)
-            cache = gather_cache(cache, kept)
+            cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
+        else:  # nothing to evict: the answer grows its own copy of the cache
+            cache = scored.cache if in_place else copy.deepcopy(scored.cache)
         evicted = clock(self.device)
         return CompressedPrompt(
             cache=cache,

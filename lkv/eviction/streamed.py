@@ -29,7 +29,7 @@ from torch import nn
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from lkv.core.attention import CAPTURE_KWARG
-from lkv.core.cache import CompressedCache, gather_layer, layer_bytes
+from lkv.core.cache import CompressedCache, gather_layer, layer_bytes, token_bytes
 from lkv.core.generation import prefill
 from lkv.eviction.presses.base import LayerScorer, Press, StreamContext
 from lkv.eviction.presses.selector import select_indices
@@ -213,9 +213,8 @@ def peak_kv_bytes(
         totals: ``streamed`` (their sum) and ``two_phase`` (all layers' full K/V at once, the lookahead
         tokens' K/V in every layer, all layers' fp32 score sums).
     """
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    per_token_layer = 2 * config.num_key_value_heads * head_dim * dtype_bytes  # keys + values
     layers = config.num_hidden_layers
+    per_token_layer = token_bytes(config, dtype_bytes) // layers  # keys + values
     layer_full = (prompt_len + num_lookahead) * per_token_layer
     compressed = layers * min(budget, prompt_len) * per_token_layer
     stream = num_lookahead * config.hidden_size * dtype_bytes + 4 * config.num_key_value_heads * prompt_len

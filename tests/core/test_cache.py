@@ -39,6 +39,21 @@ def test_gather_keeps_the_selected_entries_in_order(tiny_model):
             torch.testing.assert_close(layer.values[0, head], values[0, head, index[0, head]], rtol=0, atol=0)
 
 
+def test_gather_into_new_layers_leaves_the_source_whole(tiny_llama):
+    # what lkv eval does for every (method, budget): no full copy, the shared cache serves the next budget
+    model, _ = tiny_llama
+    cache, _ = prefill(model, torch.randint(0, model.config.vocab_size, (1, 20)))
+    sources = [(layer.keys, layer.values) for layer in cache.layers]
+    kept = random_kept(len(sources), model.config.num_key_value_heads, 20, [5, 7, 9])
+    copied = gather_cache(cache, kept, in_place=False)
+    for layer, (keys, values) in zip(cache.layers, sources, strict=True):
+        assert layer.keys is keys and layer.values is values and keys.shape[2] == 20
+    in_place = gather_cache(cache, kept)
+    for new, old in zip(copied.layers, in_place.layers, strict=True):
+        torch.testing.assert_close(new.keys, old.keys, rtol=0, atol=0)
+        torch.testing.assert_close(new.values, old.values, rtol=0, atol=0)
+
+
 def test_bytes_shrink_to_budget_over_length(tiny_model):
     model, _ = tiny_model
     cache, _ = prefill(model, torch.randint(0, model.config.vocab_size, (1, 40)))

@@ -241,6 +241,8 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
         lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
         lkv.commands.eval.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
+    with pytest.raises(ValueError, match="--max_batch_tokens: expected a positive number, found 0"):
+        lkv.commands.eval.evaluate([], max_batch_tokens=0, output=str(tmp_path))
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
