@@ -530,14 +530,15 @@ class Evaluator:
             ids = torch.tensor([label.prompt_ids], device=self.full.device)
             presses = {m: self.compressors[m].press for m in todo}
             shared = shared_prefill(self.model, ids, presses)
-            target = label.target
-            if target is None:  # a responses-only folder: the ground truth from this same prefill
+            # the metrics are computed on the device that holds the scores (the model's)
+            if label.target is None:  # a responses-only folder: the ground truth from this same prefill
                 response = torch.tensor([label.response_ids], device=self.full.device)
-                target = response_importance(self.model, shared.cache, shared.prompt_len, response).cpu()
+                target = response_importance(self.model, shared.cache, shared.prompt_len, response)
+            else:
+                target = label.target.to(self.full.device)
             for method in todo:
                 scores, seconds = self._press_scores(method, shared)
-                scores = scores[0]
-                metrics = task.score(with_protected(scores, presses[method]).cpu(), target)
+                metrics = task.score(with_protected(scores[0], presses[method]), target)
                 self.results.add(
                     {
                         "task": task.name,

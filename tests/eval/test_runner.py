@@ -206,6 +206,57 @@ def test_importance_of_a_responses_only_folder_computes_the_ground_truth_online(
         assert metrics[False][key] == pytest.approx(stored, abs=1e-6), key
 
 
+@pytest.mark.parametrize("store", [True, False])
+def test_importance_metrics_are_computed_where_the_scores_are(tiny_llama, tmp_path, monkeypatch, store):
+    """No host transfer of scores or ground truth: the Recall and τ metrics (validation's torchmetrics code)
+    run on the model's device. There is no GPU here, so any ``.cpu()`` of a ``(layers, kv_heads, S)`` tensor
+    fails the test, and the tensors the metrics see are checked."""
+    import lkv.core.metrics
+
+    model, tokenizer = tiny_llama
+    folder = make_label_folder(model, tokenizer, tmp_path / "labels", num=2, store_scores=store)
+    cpu = torch.Tensor.cpu
+
+    def no_host_copy(tensor, *args, **kwargs):
+        if tensor.ndim == 3:
+            raise AssertionError(f"a {tuple(tensor.shape)} tensor was moved to the host for the metrics")
+        return cpu(tensor, *args, **kwargs)
+
+    seen = []
+    update = lkv.core.metrics._RowMean.update
+
+    def spy(metric, pred, target):
+        seen.append((type(metric).__name__, pred.device, target.device, pred.dtype))
+        update(metric, pred, target)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", no_host_copy)
+    monkeypatch.setattr(lkv.core.metrics._RowMean, "update", spy)
+    presses = {"snapkv": make_method("snapkv", window=4)}
+    task = ImportanceTask(str(folder), budgets=(4, 8))
+    rows = Evaluator(model, tokenizer, presses, [8], ["aware"], tmp_path / "out", progress=False).run([task])
+    device = next(model.parameters()).device
+    assert len(rows) == 2 and {name for name, *_ in seen} == {"RecallAtC", "KendallTau"}
+    assert {tuple(s[1:]) for s in seen} == {(device, device, torch.float32)}
+    monkeypatch.undo()
+    # the values are Recall@C and τ-b of the scores, as before
+    sample = next(task.samples())
+    target = sample.target if store else rows_target(model, sample)
+    scores = with_protected(
+        Compressor(model, tokenizer, presses["snapkv"]).score(torch.tensor([sample.prompt_ids])).scores[0],
+        presses["snapkv"],
+    )
+    row = next(r for r in rows if r["sample"] == sample.id)
+    assert row["metrics"]["recall@8"] == pytest.approx(topk_recall(scores, target, 8).mean().item())
+    assert row["metrics"]["kendall_tau"] == pytest.approx(kendall_tau_b(scores, target).mean().item())
+
+
+def rows_target(model, sample) -> torch.Tensor:
+    """The ground truth of a responses-only label: its response teacher-forced on the prompt's prefill."""
+    from lkv.labels.batched import label_response
+
+    return label_response(model, sample.prompt_ids, sample.response_ids)
+
+
 def test_with_protected_marks_kept_positions():
     scores = torch.arange(6.0).view(1, 6)
     assert with_protected(scores, make_method("streamingllm", sink=2)).tolist() == [

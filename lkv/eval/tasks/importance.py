@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lkv.core.metrics import kendall_tau_b, topk_recall
+from lkv.core.metrics import ranking_metrics
 from lkv.eval.tasks.base import Benchmark
 from lkv.labels.shards import load_labels, read_meta, row_scores
 from lkv.model.backbone import ModelSignature, check_compatible
@@ -78,12 +78,16 @@ class ImportanceTask(Benchmark):
     def score(self, scores: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         """Recall@C for each budget and Kendall τ-b, averaged over (layer, KV head) rows.
 
+        Computed where ``scores`` are (``target`` is moved there), with the metrics validation uses in training
+        (:func:`lkv.core.metrics.ranking_metrics`): on a GPU, 32 layers × 8 heads × 16K positions take
+        milliseconds instead of the CPU's ~10 s per method.
+
         Args:
             scores: ``(layers, kv_heads, S)`` a method's ranking (any monotone scale, ``+inf`` = always kept).
             target: ``(layers, kv_heads, S)`` ground truth.
         """
         if scores.shape != target.shape:
             raise ValueError(f"scores {tuple(scores.shape)} and target {tuple(target.shape)} differ in shape")
-        out = {f"recall@{c}": topk_recall(scores, target, c).mean().item() for c in self.budgets}
-        out["kendall_tau"] = kendall_tau_b(scores, target).mean().item()
-        return out
+        metrics = ranking_metrics(list(self.budgets), prefix="", kl=False).to(scores.device)
+        metrics.update(scores, target.to(scores.device))
+        return {name: value.item() for name, value in metrics.compute().items()}
