@@ -57,12 +57,14 @@ def label_batch(
         return [label_prompt(model, prompts[0], response_tokens, eos_token_ids, store_scores)]
     padded = prefill_padded(model, prompts)
     labels: list[Label | None] = [None] * len(prompts)
-    for done in greedy_batch(model, padded, response_tokens, eos_token_ids):
+    # a finished row's prompt cache is cut out of the batch (a copy) only to teacher-force its response
+    for done in greedy_batch(model, padded, response_tokens, eos_token_ids, keep_prompt=store_scores):
         scores = None
         if store_scores:
             device = next(model.parameters()).device
             response = torch.tensor([done.tokens], device=device)
             scores = response_importance(model, done.prompt_cache, len(prompts[done.row]), response)
+            done.prompt_cache = None  # let the copy go before the batch decodes on
         labels[done.row] = Label(done.tokens, scores)
     return labels
 

@@ -102,6 +102,23 @@ def test_batches_of_every_size_and_responses_only(tiny_llama):
     assert all(label.scores is None for label in responses_only)
 
 
+def test_responses_only_copy_no_prompt_cache_out_of_the_batch(tiny_llama, monkeypatch):
+    # `--store_scores false` (the paper headers): no ground truth, so no ~2 GiB copy of a finished row's prompt
+    import lkv.core.batched_generation
+
+    model, tokenizer = tiny_llama
+    prompts = make_prompts(model.config.vocab_size)
+    copies = []
+    cut = lkv.core.batched_generation.row_prompt_cache
+    monkeypatch.setattr(
+        lkv.core.batched_generation, "row_prompt_cache", lambda *a: copies.append(a[1]) or cut(*a)
+    )
+    label_batch(model, prompts, 6, eos_ids(model, tokenizer), store_scores=False)
+    assert copies == []
+    label_batch(model, prompts, 6, eos_ids(model, tokenizer), store_scores=True)
+    assert len(copies) == len(prompts)  # one per row, to teacher-force its response
+
+
 def test_padded_cache_rows_are_the_batch_one_prompt_caches(tiny_qwen):
     model, _ = tiny_qwen
     prompts = make_prompts(model.config.vocab_size, lengths=(5, 12, 8))
