@@ -68,6 +68,11 @@ class LabelCollate:
         return samples
 
 
+# What a streamed shuffle buffer may hold per DataLoader worker when `data.shuffle_buffer_mib` is not set (None
+# keeps checkpoints written before the setting existed resumable).
+DEFAULT_SHUFFLE_MIB = 1024
+
+
 class LabelDataModule(L.LightningDataModule):
     """Train / validation / test label folders, map-style or streamed.
 
@@ -86,7 +91,10 @@ class LabelDataModule(L.LightningDataModule):
         num_workers: DataLoader worker processes (decoding parquet rows and reshaping scores).
         shuffle: shuffle the training set each epoch.
         seed: shuffling seed.
-        shuffle_buffer: samples held for shuffling in streaming mode.
+        shuffle_buffer: samples held for shuffling in streaming mode (per DataLoader worker).
+        shuffle_buffer_mib: the most MiB of rows that buffer holds per worker; None: 1024. With stored scores
+            a 16K-token row of a 32-layer, 8-KV-head model is 16 MiB, so this bound, not ``shuffle_buffer``,
+            sets how many rows are shuffled together (64 such rows; 2000 would be 32 GiB per worker).
         limit_train_samples: train on each train folder's first ``N`` rows by sample id only (for built-in
             prompts: the source's first ``N`` prompts); None: every row. Map-style only.
     """
@@ -103,11 +111,15 @@ class LabelDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         shuffle_buffer: int = 1000,
+        shuffle_buffer_mib: int | None = None,
         limit_train_samples: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        for name, value in (("shuffle_buffer", shuffle_buffer), ("shuffle_buffer_mib", shuffle_buffer_mib)):
+            if value is not None and value <= 0:
+                raise ValueError(f"data.{name} must be positive, got {value}")
         if limit_train_samples is not None:
             if limit_train_samples <= 0:
                 raise ValueError(f"data.limit_train_samples must be positive, got {limit_train_samples}")
@@ -187,7 +199,9 @@ class LabelDataModule(L.LightningDataModule):
         rank, world = self._world()
         hp = self.hparams
         shuffle = split == "train" and hp.shuffle
-        return StreamedLabels(sources, self._quotas(split), rank, world, shuffle, hp.seed, hp.shuffle_buffer)
+        mib = DEFAULT_SHUFFLE_MIB if hp.shuffle_buffer_mib is None else hp.shuffle_buffer_mib
+        quotas = self._quotas(split)
+        return StreamedLabels(sources, quotas, rank, world, shuffle, hp.seed, hp.shuffle_buffer, mib * 2**20)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle a streamed training set for ``epoch`` (map-style sets reshuffle through their sampler)."""

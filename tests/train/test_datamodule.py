@@ -172,3 +172,70 @@ def test_bad_weights_are_refused_before_reading(tmp_path):
         LabelDataModule(train=[str(tmp_path / "a"), str(tmp_path / "b")], weights=[1.0])
     with pytest.raises(ValueError, match="data.weights: expected non-negative"):
         LabelDataModule(train=[str(tmp_path / "a"), str(tmp_path / "b")], weights=[0.0, 0.0])
+
+
+def test_the_streamed_shuffle_buffer_is_bounded_in_bytes(tiny_llama, tmp_path, monkeypatch, no_stream_sleep):
+    """With stored scores a 16K-token row is 16 MiB, so the paper recipe's 2000-row buffer would hold 32 GiB per
+    DataLoader worker: the buffer also stops at ``data.shuffle_buffer_mib``. Rows here are made 256 KiB each
+    (the stored scores padded out), so 1 MiB holds 4 of them; every row still comes exactly once."""
+    import numpy as np
+
+    import lkv.labels.mix
+
+    model, tokenizer = tiny_llama
+    folder = str(make_label_folder(model, tokenizer, tmp_path / "train", num=12, shard_size=5))
+    read = lkv.labels.mix.read_rows
+    pulled: list[int] = []
+
+    def big_rows(path, first, end):
+        for row in read(path, first, end):
+            pulled.append(1)
+            yield {**row, "padding": np.zeros(2**18, dtype=np.uint8)}  # 256 KiB
+
+    monkeypatch.setattr(lkv.labels.mix, "read_rows", big_rows)
+    dm = LabelDataModule(train=folder, streaming=True, seed=1, shuffle_buffer=2000, shuffle_buffer_mib=1)
+    dm.setup("fit")
+    held = []
+    seen = []
+    for row in dm.datasets["train"]:
+        held.append(len(pulled) - len(seen) - 1)  # rows read but not yet handed out, besides this one
+        seen.append(row["id"])
+    assert sorted(seen) == sorted(f"s0-{i}" for i in range(12)) and seen != sorted(seen)
+    assert max(held) <= 4  # 1 MiB of 256 KiB rows (the one being swapped in counted out)
+    unbounded = LabelDataModule(train=folder, streaming=True, seed=1, shuffle_buffer=2000)
+    unbounded.setup("fit")
+    pulled.clear()
+    held.clear()
+    seen.clear()
+    for row in unbounded.datasets["train"]:
+        held.append(len(pulled) - len(seen) - 1)
+        seen.append(row["id"])
+    assert max(held) == 11  # the default 1 GiB does not bind here: the whole stream is buffered
+    with pytest.raises(ValueError, match="data.shuffle_buffer_mib must be positive"):
+        LabelDataModule(train=folder, streaming=True, shuffle_buffer_mib=0)
+
+
+def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
+    """Small rows fill the buffer by count; larger ones later push it out until it is back within the bytes."""
+    import random
+
+    import numpy as np
+
+    from lkv.labels.mix import _buffered
+
+    rows = [{"id": i, "a": np.zeros(10 if i < 50 else 1000, dtype=np.uint8)} for i in range(200)]
+    pulled = []
+
+    def stream():
+        for row in rows:
+            pulled.append(row)
+            yield row
+
+    out, worst = [], 0
+    for row in _buffered(stream(), 40, random.Random(0), max_bytes=5000):
+        out.append(row["id"])
+        held_ids = {r["id"] for r in pulled} - set(out)  # read, not yet handed out
+        worst = max(worst, sum(rows[i]["a"].nbytes for i in held_ids))
+        assert len(held_ids) <= 40
+    assert sorted(out) == list(range(200)) and out != list(range(200))
+    assert worst <= 5000 + 1000  # the bound plus the row being swapped in
