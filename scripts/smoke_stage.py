@@ -1,6 +1,7 @@
 """One stage of scripts/smoke_gpu.sh: ``lkv ARGS...`` in this process, then its seconds and peak memory.
 
     python scripts/smoke_stage.py --out DIR NAME -- LKV ARGS...
+    python scripts/smoke_stage.py --out DIR NAME -- smoke SUBCOMMAND ARGS...    # python -m lkv.perf.smoke
 
 In-process so that CUDA's ``max_memory_allocated`` covers the stage (a subprocess's would be lost); the
 record is appended to ``DIR/stages.jsonl`` by :func:`lkv.perf.smoke.record_stage`.
@@ -15,7 +16,7 @@ import torch
 
 from lkv.cli import main
 from lkv.core.clock import clock
-from lkv.perf.smoke import record_stage
+from lkv.perf import smoke
 
 
 def run() -> None:
@@ -27,8 +28,11 @@ def run() -> None:
     lkv_args = args.lkv_args[1:] if args.lkv_args[:1] == ["--"] else args.lkv_args
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     start = clock(device)
-    main(lkv_args)
-    record_stage(args.name, args.out, lkv_args, clock(device) - start)
+    if lkv_args[:1] == ["smoke"]:  # the smoke run's own helpers (model, prompts, essays)
+        smoke.main(lkv_args[1:])
+    else:
+        main(lkv_args)
+    smoke.record_stage(args.name, args.out, lkv_args, clock(device) - start)
 
 
 if __name__ == "__main__":

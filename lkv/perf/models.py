@@ -135,6 +135,21 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
             "tie_word_embeddings": True,
         },
     ),
+    # the Qwen3 architecture (q/k norms, explicit head_dim) at tiny size: CPU dry runs of scripts/smoke_gpu.sh
+    "tiny-qwen3": (
+        Qwen3Config,
+        {
+            "vocab_size": 320,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+        },
+    ),
 }
 
 
