@@ -256,6 +256,7 @@ class Evaluator:
         self.batch_size = batch_size
         self.enable_thinking = enable_thinking
         self.max_batch_tokens = max_batch_tokens
+        self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
         """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
@@ -288,8 +289,8 @@ class Evaluator:
                     units.append(_Unit(sample, setting, context, question, todo))
         # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
         units.sort(key=lambda unit: -unit.entries)
-        if self.max_batch_tokens is None:
-            self.max_batch_tokens = device_batch_tokens(self.model)
+        if self.max_batch_tokens is None and self.token_cap is None:
+            self.token_cap = device_batch_tokens(self.model)  # once, with the model loaded and no cache held
         bar = tqdm(total=len(units), desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
         for chunk in self._chunks(units):
             bar.set_postfix_str(f"{chunk[0].sample.id} {chunk[0].setting}")
@@ -299,10 +300,11 @@ class Evaluator:
 
     def _chunks(self, units: list[_Unit]) -> Iterator[list[_Unit]]:
         """``units`` (longest first) in chunks of at most ``batch_size`` whose stacked full caches, the count
-        × the first (longest) one's entries, hold at most ``max_batch_tokens`` (a longer unit goes alone)."""
+        × the first (longest) one's entries, hold at most ``max_batch_tokens`` or the derived cap (a longer
+        unit goes alone)."""
         chunk: list[_Unit] = []
+        limit = self.max_batch_tokens if self.max_batch_tokens is not None else self.token_cap
         for unit in units:
-            limit = self.max_batch_tokens
             if chunk and (
                 len(chunk) == self.batch_size
                 or (limit is not None and (len(chunk) + 1) * chunk[0].entries > limit)

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from lkv.core.chat import chat_parts, encode_context, encode_question, template_reads_variables
-from lkv.eval.tasks import NeedleTask, encode_sample
+from lkv.eval.tasks import encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress
 from lkv.labels.labeller import split_prompt
 from lkv.labels.prompts import Prompt, render_prompt
-from tests.conftest import EMPTY_THINK, TINY_HELDOUT, build_tiny_model
+from tests.conftest import EMPTY_THINK, build_tiny_model, tiny_needle_task
 
 
 def ends_with_empty_think(tokenizer, ids) -> bool:
@@ -44,9 +44,7 @@ def test_template_reads_variables_tells_qwen3_from_other_templates(thinking_toke
 
 
 def test_eval_samples_render_with_thinking_off(thinking_tokenizer, tiny_corpus):
-    task = NeedleTask(
-        lengths=(40,), depths=(0.5,), essays_dir=str(tiny_corpus[0]), heldout_fraction=TINY_HELDOUT
-    )
+    task = tiny_needle_task(tiny_corpus, lengths=(40,))
     (sample,) = task.samples(thinking_tokenizer)
     _, question = encode_sample(sample, thinking_tokenizer)
     # the template's closing, then RULER's answer prefix opening the assistant's turn
@@ -113,13 +111,7 @@ def test_evaluator_prefills_prompts_rendered_with_thinking_off(thinking_tokenize
     from lkv.eval.runner import Evaluator
 
     model, _ = build_tiny_model("qwen")
-    task = NeedleTask(
-        lengths=(40,),
-        depths=(0.5,),
-        max_new_tokens=2,
-        essays_dir=str(tiny_corpus[0]),
-        heldout_fraction=TINY_HELDOUT,
-    )
+    task = tiny_needle_task(tiny_corpus, lengths=(40,), max_new_tokens=2)
     (sample,) = task.samples(thinking_tokenizer)
     prefilled: list[torch.Tensor] = []
     real = lkv.eval.runner.shared_prefill
@@ -166,13 +158,7 @@ def test_generate_command_renders_with_thinking_off_unless_asked(thinking_tokeni
 @pytest.fixture
 def eval_args(tiny_corpus, tmp_path):
     def args(model_folder, **kwargs):
-        task = NeedleTask(
-            lengths=(40,),
-            depths=(0.5,),
-            max_new_tokens=2,
-            essays_dir=str(tiny_corpus[0]),
-            heldout_fraction=TINY_HELDOUT,
-        )
+        task = tiny_needle_task(tiny_corpus, lengths=(40,), max_new_tokens=2)
         settings = dict(
             tasks=[task],
             methods=("fullkv",),
