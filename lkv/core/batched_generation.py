@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from lkv.core.cache import CompressedCache
+from lkv.core.cache import KEY_MASK_ATTR, CompressedCache, key_mask, select_rows
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
@@ -167,9 +167,11 @@ def stack_caches(
 
 def _left_padded(caches: Iterable[DynamicCache], pads: Sequence[int], into: DynamicCache) -> DynamicCache:
     """``into`` filled with the single-row ``caches`` stacked along the batch: row ``b`` of layer ``l`` is
-    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer)."""
+    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer). Rows' key masks
+    (:mod:`lkv.core.cache`) are stacked too (padding columns unmasked there: the attention mask blocks them)."""
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
+    masks: dict[int, torch.Tensor] = {}
     for row, own in enumerate(caches):
         for index, layer in enumerate(own.layers):
             entries = layer.keys.shape[2]
@@ -179,10 +181,17 @@ def _left_padded(caches: Iterable[DynamicCache], pads: Sequence[int], into: Dyna
                 values.append(layer.values.new_zeros(shape[:3] + (layer.values.shape[3],)))
             keys[index][row, :, pads[row] :] = layer.keys[0]
             values[index][row, :, pads[row] :] = layer.values[0]
+            mask = key_mask(layer, entries)
+            if mask is not None:
+                stacked = masks.setdefault(
+                    index, keys[index].new_ones(keys[index].shape[:3], dtype=torch.bool)
+                )
+                stacked[row, :, pads[row] :] = mask[0]
         del own
     for index in range(len(keys)):
         into.update(keys[index], values[index], index)
         keys[index] = values[index] = None  # the cache holds its own copy now
+        setattr(into.layers[index], KEY_MASK_ATTR, masks.get(index))
     return into
 
 
@@ -273,7 +282,7 @@ def greedy_batch(
             return
         if stopped:
             keep = (~stops).nonzero().flatten()
-            cache.batch_select_indices(keep)
+            select_rows(cache, keep)
             live = [live[i] for i in keep.tolist()]
             chosen, positions, last_step = chosen[keep], positions[keep], last_step[keep]
             mask = None if mask is None else mask[keep]
