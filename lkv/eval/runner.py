@@ -369,6 +369,7 @@ class Evaluator:
             shared.next_logits,
             shared.captures[method],
             self.full.eos_token_ids,
+            self.tokenizer,
         )
         start = clock(shared.ids.device)
         scores = self.compressors[method].press.score(ctx)
