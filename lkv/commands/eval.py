@@ -13,6 +13,7 @@ from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import OraclePress, Press
+from lkv.eviction.presses.selector import HeadBudget
 from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
@@ -34,6 +35,7 @@ def evaluate(
     title: str | None = None,
     streamed: bool = False,
     batch_size: int = 8,
+    head_budget: HeadBudget = "equal",
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -55,11 +57,15 @@ def evaluate(
         progress: show progress bars.
         title: report title (default: the output folder's name).
         streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
-            streamingllm, random, lookaheadkv): each (prompt, budget) gets its own prefill in which every layer is
+            streamingllm, random, lookaheadkv, expected_attention, keydiff): each (prompt, budget) gets its own prefill in which every layer is
             cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
             at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).
+        head_budget: how each method's per-head budget ``C`` is spread over the KV heads of a layer: ``equal``
+            (every head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads``
+            entries, spread over its heads by score, each head keeping at least 20 % of ``C``). One setting for
+            the whole run, recorded in ``run.json``: compare the two in two output folders.
     """
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
@@ -79,6 +85,7 @@ def evaluate(
             "adapter": None if adapter is None else fingerprint(adapter),
             "press_args": press_args,
             "dtype": dtype,
+            "head_budget": head_budget,
         },
     )
     if adapter is not None:
@@ -97,7 +104,9 @@ def evaluate(
         else:
             presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
-    evaluator = Evaluator(net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size)
+    evaluator = Evaluator(
+        net, tokenizer, presses, budgets, settings, out, progress, streamed, batch_size, head_budget
+    )
     title = title or out.name
     try:
         with exit_on_sigterm():

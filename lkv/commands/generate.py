@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
-from lkv.eviction.presses.selector import check_budget
+from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import MethodName, make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.train.export import resolve_adapter
@@ -35,6 +35,7 @@ def generate(
     attn_implementation: str = "sdpa",
     device: str | None = None,
     streamed: bool = False,
+    head_budget: HeadBudget = "equal",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -63,9 +64,11 @@ def generate(
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
-        streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv): each
-            layer is cut to its budget as soon as the prefill has produced it, so only one layer's full K/V lives
-            at a time; the same answer. Other methods keep the two-phase path.
+        streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
+            expected_attention, keydiff): each layer is cut to its budget as soon as the prefill has produced it,
+            so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
+        head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
+            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")
@@ -87,12 +90,24 @@ def generate(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
         press = make_method(method, **(press_args or {}))
-    compressor = Compressor(net, tokenizer, press, budget, sink, recent, kernel, pooling, streamed=streamed)
+    compressor = Compressor(
+        net,
+        tokenizer,
+        press,
+        budget,
+        sink,
+        recent,
+        kernel,
+        pooling,
+        streamed=streamed,
+        head_budget=head_budget,
+    )
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )
     print(out.text)
     print(
-        f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",
+        f"lkv generate [{method}, budget {budget}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
+        f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
         file=sys.stderr,
     )
