@@ -14,7 +14,7 @@ from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import OraclePress, Press
 from lkv.eviction.presses.selector import HeadBudget
-from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
+from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
 
@@ -70,6 +70,12 @@ def evaluate(
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
         raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
+    decode_time = [m for m in methods if m in METHODS and METHODS[m].acts == "decode"]
+    if head_budget != "equal" and decode_time:
+        raise ValueError(
+            f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
+            f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
+        )
     press_args = dict(press_args or {})
     unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
     if unused:

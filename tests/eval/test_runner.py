@@ -275,6 +275,10 @@ def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
     monkeypatch.setattr(lkv.commands.eval, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError, match=r"decode-time methods \['quest'\] keep equal budgets"):
+        lkv.commands.eval.evaluate(
+            [], methods=("snapkv", "quest"), head_budget="adaptive", output=str(tmp_path)
+        )
     with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
         lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
