@@ -15,7 +15,7 @@ from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.presses.selector import adaptive_width, safeguarded, select_indices
 from tests.conftest import FAMILIES, build_tiny_model
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt
-from tests.reference import evicted_reference_logits, greedy_steps
+from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
 
 BUDGET = 12
 METHODS = ["snapkv", "h2o", "expected_attention", "keydiff", "kvzip", "lookaheadkv"]
@@ -86,15 +86,6 @@ def model_and_tokenizer(request):
     return build_tiny_model(request.param[0], attn_implementation=request.param[1])
 
 
-def keep_of(kept: list[torch.Tensor], length: int) -> torch.Tensor:
-    """``(layers, kv_heads, S)`` bool of the real kept positions."""
-    keep = torch.zeros(len(kept), kept[0].shape[1], length, dtype=torch.bool)
-    for layer, index in enumerate(kept):
-        for head, row in enumerate(valid_rows(index)):
-            keep[layer, head, row] = True
-    return keep
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_adaptive_eviction_matches_masked_full_cache(model_and_tokenizer, method):
     model, tokenizer = model_and_tokenizer
@@ -103,7 +94,7 @@ def test_adaptive_eviction_matches_masked_full_cache(model_and_tokenizer, method
     ids = prompt(model)
     compressor = Compressor(model, tokenizer, press, budget=BUDGET, head_budget="adaptive")
     compressed = compressor.compress(ids)
-    keep = keep_of(compressed.kept, PROMPT_LEN)
+    keep = keep_mask(compressed.kept, PROMPT_LEN)
     kv_heads = model.config.num_key_value_heads
     assert (keep.sum(dim=(1, 2)) == BUDGET * kv_heads).all() and compressed.kept_per_layer == [BUDGET] * len(
         keep

@@ -23,7 +23,7 @@ from lkv.eviction.streamed import streamed_compress  # noqa: E402
 from lkv.integrations.kvpress import LkvPress, lookahead_press  # noqa: E402
 from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt  # noqa: E402
-from tests.reference import evicted_reference_logits  # noqa: E402
+from tests.reference import evicted_reference_logits, keep_mask  # noqa: E402
 
 UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv", "expected_attention", "keydiff"]
 
@@ -93,10 +93,7 @@ def test_question_block_on_an_adaptive_kvpress_cache_matches_the_masked_full_cac
     kept = streamed_compress(
         model, press, ids, [budget] * model.config.num_hidden_layers, 0, 4, head_budget="adaptive"
     ).kept
-    keep = torch.zeros(len(kept), kept[0].shape[1], PROMPT_LEN, dtype=torch.bool)
-    for layer, index in enumerate(kept):
-        for head, row in enumerate(index[0].tolist()):
-            keep[layer, head, [p for p in row if p >= 0]] = True
+    keep = keep_mask(kept, PROMPT_LEN)
     cache = kvpress_prefill(model, LkvPress(press, compression_ratio=0.75, head_budget="adaptive"), ids)
     positions = torch.arange(PROMPT_LEN, PROMPT_LEN + question.shape[1])[None]
     with torch.no_grad():
