@@ -358,7 +358,7 @@ def _install_hooks(model: PreTrainedModel) -> None:
     if getattr(decoder, "_lkv_hooked", False):
         return
     decoder.register_forward_pre_hook(_route_key_masks, with_kwargs=True)
-    for layer in decoder.layers:
+    for layer in getattr(decoder, "layers", ()):
         attention = getattr(layer, "self_attn", None)
         if attention is not None:
             attention.register_forward_pre_hook(_observe_inputs, with_kwargs=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lkv.core.attention import AttentionCapture, grouped_attention, query_blocks
+from lkv.core.attention import AttentionCapture, query_blocks
 from lkv.core.chat import chat_parts
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
@@ -56,20 +56,30 @@ class ReconstructionCapture(AttentionCapture):
         value: torch.Tensor | None = None,
     ) -> None:
         """Shapes as in :meth:`lkv.core.attention.ImportanceCapture.observe`; ``key`` holds ``S`` + the block."""
-        batch, heads, q_len = query.shape[:3]
+        batch, heads, q_len, head_dim = query.shape
         if key.shape[2] != self.num_keys + q_len:
             raise ValueError(
                 f"layer {layer_idx}: {key.shape[2]} keys, expected the prompt's {self.num_keys} + the block's {q_len}"
             )
-        # the block is the tail of these keys: grouped_attention's plain causal mask is the right one
         keys = torch.cat(
             [key[:, :, : self.sink], key[:, :, self.start : self.end], key[:, :, -q_len:]], dim=2
         )
         keys = keys.float()
+        kv_heads, width = keys.shape[1], keys.shape[2]
+        chunk = slice(self.sink, self.sink + self.end - self.start)
         best = None
-        for first, stop in query_blocks(0, q_len, batch * heads * keys.shape[2]):
-            probs = grouped_attention(query, keys, None, scaling, first, stop)
-            part = probs[..., self.sink : self.sink + self.end - self.start].amax(dim=(2, 3))
+        for first, stop in query_blocks(0, q_len, batch * heads * width):
+            grouped = query[:, :, first:stop].reshape(
+                batch, kv_heads, heads // kv_heads, stop - first, head_dim
+            )
+            # fp32 even under bf16 autocast (the scores of ~S keys are small); the block's causal mask is applied
+            # in place to its own columns only (the sink and the chunk are visible to every query)
+            with torch.autocast(query.device.type, enabled=False):
+                logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), keys) * scaling
+                rows = torch.arange(first, stop, device=keys.device)[:, None]
+                later = torch.arange(q_len, device=keys.device)[None, :] > rows
+                logits[..., width - q_len :].masked_fill_(later, float("-inf"))
+                part = torch.softmax(logits, dim=-1)[..., chunk].amax(dim=(2, 3))
             best = part if best is None else torch.maximum(best, part)
         self.chunk_scores[layer_idx] = best
 
