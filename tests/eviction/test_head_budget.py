@@ -224,3 +224,23 @@ def test_hooks_are_installed_once(tiny_llama):
     before = len(decoder._forward_pre_hooks)
     install_capture(model)
     assert len(decoder._forward_pre_hooks) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["expected_attention", "kvzip"])
+def test_adaptive_eviction_on_the_embedded_model(method):
+    """SmolLM2-135M: a 500-token chat prompt compressed to C = 64 per head with adaptive head budgets decodes
+    with the logits of the full cache whose evicted keys are masked head by head."""
+    from lkv.model.backbone import load_backbone
+
+    model, tokenizer = load_backbone("smollm2-135m")
+    text = "The special magic number for Oslo is 4417. The ferry leaves at seven and returns at noon. " * 22
+    compressor = Compressor(model, tokenizer, method, budget=64, head_budget="adaptive")
+    ids = compressor.encode(text + "\n\nWhat is the special magic number for Oslo?")
+    compressed = compressor.compress(ids)
+    keep = keep_mask(compressed.kept, ids.shape[1])
+    assert (keep.sum(dim=(1, 2)) == 64 * model.config.num_key_value_heads).all()
+    assert max(layer.keys.shape[2] for layer in compressed.cache.layers) > 64  # some head keeps more than C
+    tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, ids.shape[1], steps=3)
+    want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
+    torch.testing.assert_close(got, want[ids.shape[1] - 1 :], atol=1e-4, rtol=0)
