@@ -6,6 +6,7 @@ and mean), from :mod:`lkv.integrations.kvpress_reference`. Run in the kvpress en
 (``make kvpress-env``)::
 
     PYTHONPATH=$PWD .venv-kvpress/bin/python scripts/kvpress_reference.py --prompts 6
+    PYTHONPATH=$PWD .venv-kvpress/bin/python scripts/kvpress_reference.py --only expected keydiff adakv kvzip
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import torch
 from transformers.utils import logging as hf_logging
 
-from lkv.integrations.kvpress_reference import default_checks, describe, reference_overlaps
+from lkv.integrations.kvpress_reference import default_checks, describe, kvzip_sink, reference_overlaps
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.model.backbone import load_backbone
 
@@ -25,6 +26,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=6, help="held-out prompts")
     parser.add_argument("--min-words", type=int, default=900)
     parser.add_argument("--max-words", type=int, default=1400)
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="check labels starting with these (default: all)"
+    )
     args = parser.parse_args()
 
     hf_logging.disable_progress_bar()
@@ -37,15 +41,16 @@ def main() -> None:
         retrieval_fraction=0.0,
         code_fraction=0.0,
     )
-    checks = default_checks()
+    checks = None
     results: dict[tuple[str, str], list[float]] = {}
     lengths = []
     for prompt in source:
         ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt")
         ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        checks = checks or [c for c in default_checks(kvzip_sink(tokenizer, ids)) if pick(c.label, args.only)]
         lengths.append(ids.shape[1])
         budgets = {"64": 64, "128": 128, "S/2": ids.shape[1] // 2}
-        for key, values in reference_overlaps(model, ids, checks, budgets).items():
+        for key, values in reference_overlaps(model, ids, checks, budgets, tokenizer).items():
             results.setdefault(key, []).extend(values)
         print(f"prompt {prompt.id}: {ids.shape[1]} tokens", flush=True)
 
@@ -56,12 +61,21 @@ def main() -> None:
         settings = ", ".join(f"{k}={v}" for k, v in check.settings.items())
         if check.recent:
             settings += f"{', ' if settings else ''}selector recent={check.recent}"
+        if check.head_budget != "equal":
+            settings += (
+                f"{', ' if settings else ''}head_budget={check.head_budget}, safeguard={check.safeguard}"
+            )
         for name in ("64", "128", "S/2"):
             values = results[(check.label, name)]
             print(
                 f"| {check.label} | {settings or 'defaults'} | `{describe(check.kvpress)}` | {name} | "
                 f"{min(values):.3f} | {sum(values) / len(values):.4f} |"
             )
+
+
+def pick(label: str, prefixes: list[str] | None) -> bool:
+    """Whether ``label`` is among the checks asked for (``--only``; none given: all of them)."""
+    return prefixes is None or any(label.startswith(prefix) for prefix in prefixes)
 
 
 if __name__ == "__main__":

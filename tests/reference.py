@@ -69,11 +69,12 @@ AttentionMaskInterface.register(EVICTED_ATTENTION, sdpa_mask)
 
 
 def keep_mask(kept: list[torch.Tensor], prompt_len: int) -> torch.Tensor:
-    """``(layers, kv_heads, S)`` bool from per-layer ``(1, kv_heads, C_l)`` kept positions."""
+    """``(layers, kv_heads, S)`` bool from per-layer ``(1, kv_heads, C_l)`` kept positions (``-1``: padding)."""
     masks = []
     for index in kept:
         mask = torch.zeros(index.shape[1], prompt_len, dtype=torch.bool)
-        mask.scatter_(1, index[0].cpu(), True)
+        for head, row in enumerate(index[0].cpu()):
+            mask[head, row[row >= 0]] = True
         masks.append(mask)
     return torch.stack(masks)
 

@@ -16,7 +16,8 @@ from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import OraclePress, Press
-from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
+from lkv.eviction.presses.selector import HeadBudget
+from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
 
@@ -42,6 +43,7 @@ def evaluate(
     batch_size: int = 8,
     max_batch_tokens: int | None = None,
     enable_thinking: bool = False,
+    head_budget: HeadBudget = "equal",
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -63,7 +65,7 @@ def evaluate(
         progress: show progress bars.
         title: report title (default: the output folder's name).
         streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
-            streamingllm, random, lookaheadkv): each (prompt, budget) gets its own prefill in which every layer is
+            streamingllm, random, lookaheadkv, expected_attention, keydiff): each (prompt, budget) gets its own prefill in which every layer is
             cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
@@ -76,6 +78,10 @@ def evaluate(
             ``lkv label`` renders the training prompts: Qwen3's template then closes an empty think block and
             the model answers at once (on, it reasons first and short answers score about 0). Recorded in
             ``run.json`` (``chat_template_kwargs``); a rerun into the folder must use the same value.
+        head_budget: how each method's per-head budget ``C`` is spread over the KV heads of a layer: ``equal``
+            (every head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads``
+            entries, spread over its heads by score, each head keeping at least 20 % of ``C``). One setting for
+            the whole run, recorded in ``run.json``: compare the two in two output folders.
     """
     for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
         if value is not None and value <= 0:
@@ -83,6 +89,12 @@ def evaluate(
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
         raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
+    decode_time = [m for m in methods if m in METHODS and METHODS[m].acts == "decode"]
+    if head_budget != "equal" and decode_time:
+        raise ValueError(
+            f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
+            f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
+        )
     press_args = dict(press_args or {})
     unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
     if unused:
@@ -97,6 +109,7 @@ def evaluate(
         "press_args": press_args,
         "dtype": dtype,
         TEMPLATE_KEY: template_kwargs(enable_thinking),
+        "head_budget": head_budget,
     }
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])
@@ -132,6 +145,7 @@ def evaluate(
         batch_size,
         enable_thinking,
         max_batch_tokens,
+        head_budget,
     )
     title = title or out.name
     try:

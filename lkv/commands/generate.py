@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
-from lkv.eviction.presses.selector import check_budget
+from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import MethodName, make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.train.export import resolve_adapter
@@ -36,6 +36,7 @@ def generate(
     device: str | None = None,
     streamed: bool = False,
     enable_thinking: bool = False,
+    head_budget: HeadBudget = "equal",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -64,9 +65,11 @@ def generate(
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
-        streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv): each
-            layer is cut to its budget as soon as the prefill has produced it, so only one layer's full K/V lives
-            at a time; the same answer. Other methods keep the two-phase path.
+        streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
+            expected_attention, keydiff): each layer is cut to its budget as soon as the prefill has produced it,
+            so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
+        head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
+            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
         enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
             default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
     """
@@ -101,12 +104,14 @@ def generate(
         pooling,
         streamed=streamed,
         enable_thinking=enable_thinking,
+        head_budget=head_budget,
     )
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )
     print(out.text)
     print(
-        f"lkv generate [{method}, budget {budget}, {out.prompt_tokens} prompt tokens]: {out.summary()}",
+        f"lkv generate [{method}, budget {budget}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
+        f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
         file=sys.stderr,
     )

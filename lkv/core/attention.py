@@ -10,7 +10,14 @@ eager, flash, ...). The wrapper is a no-op unless a forward pass is given ``lkv_
 (or a list of them, e.g. several methods' windows from one prefill) as a keyword argument, which transformers threads down to the attention function of every layer. The
 capture then computes the block's attention rows itself in fp32, in query chunks, and immediately reduces
 them to ``(batch, kv_heads, S)``: memory is O(L·H_kv·S) for the result plus one chunk of rows for one
-layer at a time — never an S×S matrix, never all layers' attention at once.
+layer at a time — never an S×S matrix, never all layers' attention at once. A capture may also read each
+attention module's input hidden states (:meth:`AttentionCapture.observe_input`; Expected Attention's query
+statistics).
+
+The same installation makes attention honour a compressed cache's key masks (heads of a layer keeping
+different counts, :mod:`lkv.core.cache`): a pre-hook on the decoder hands any cache carrying them to the
+wrapper, which blocks the masked slots in that layer's attention mask, whoever runs the forward pass
+(lkv's decoding, kvpress's pipeline, ``model.generate``).
 """
 
 from __future__ import annotations
@@ -24,13 +31,57 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 
+from lkv.core.cache import has_key_masks, key_mask
+
 CAPTURE_KWARG = "lkv_capture"
+# forward keyword carrying a cache with key masks down to the attention wrapper (set by the decoder pre-hook)
+KEY_MASK_KWARG = "lkv_key_masks"
+# the keywords a decoder's forward gets its cache by (transformers ≥ 5.24: ``cache``; before: ``past_key_values``)
+_CACHE_KEYWORDS = ("cache", "past_key_values")
 _PREFIX = "lkv_"
 # Upper bound on one chunk of fp32 attention rows (batch · heads · queries · keys): 2^26 floats = 256 MiB.
 _CHUNK_ELEMENTS = 1 << 26
 
 
-class ImportanceCapture:
+class AttentionCapture:
+    """What the capturing attention wrapper feeds during a forward pass given ``lkv_capture=...``.
+
+    Args:
+        num_keys: ``S``, the number of leading keys (the prompt) the capture is about.
+        last_queries: only the last ``n`` queries of each observed block count; ``None``: every query.
+
+    Two captures of the same class, ``num_keys`` and ``last_queries`` collect the same thing, so one prefill
+    may fill one capture for both (``lkv eval``'s shared prefill).
+    """
+
+    # also compute the block's attention output (the layer's own kernel is then skipped)
+    computes_output: bool = False
+
+    def __init__(self, num_keys: int, last_queries: int | None = None) -> None:
+        if num_keys <= 0:
+            raise ValueError(f"num_keys must be positive, got {num_keys}")
+        if last_queries is not None and last_queries <= 0:
+            raise ValueError(f"last_queries must be positive or None, got {last_queries}")
+        self.num_keys = num_keys
+        self.last_queries = last_queries
+
+    def observe_input(self, module: nn.Module, hidden_states: torch.Tensor) -> None:
+        """Called with each attention module's input ``hidden_states (batch, Q, hidden)`` before it runs."""
+
+    def observe(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        value: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """Called inside each layer's attention (see :meth:`ImportanceCapture.observe` for the arguments)."""
+        return None
+
+
+class ImportanceCapture(AttentionCapture):
     """Collects the reduced attention of one query block on the first ``num_keys`` keys, layer by layer.
 
     Args:
@@ -46,14 +97,9 @@ class ImportanceCapture:
     """
 
     def __init__(self, num_keys: int, last_queries: int | None = None, computes_output: bool = False) -> None:
-        if num_keys <= 0:
-            raise ValueError(f"num_keys must be positive, got {num_keys}")
-        if last_queries is not None and last_queries <= 0:
-            raise ValueError(f"last_queries must be positive or None, got {last_queries}")
+        super().__init__(num_keys, last_queries)
         if computes_output and last_queries is not None:
             raise ValueError("computes_output needs every query of the block: last_queries must be None")
-        self.num_keys = num_keys
-        self.last_queries = last_queries
         self.computes_output = computes_output
         self._sums: dict[int, torch.Tensor] = {}
 
@@ -84,11 +130,10 @@ class ImportanceCapture:
         batch, heads, q_len = query.shape[:3]
         key32 = key.float()
         value32 = None if value is None else value.float()
-        chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
         total = None
         outputs = []
-        for start in range(first, q_len, chunk):
-            probs = grouped_attention(query, key32, attention_mask, scaling, start, min(start + chunk, q_len))
+        for start, stop in query_blocks(first, q_len, batch * heads * key.shape[2]):
+            probs = grouped_attention(query, key32, attention_mask, scaling, start, stop)
             part = probs[..., : self.num_keys].sum(dim=(2, 3))
             total = part if total is None else total + part
             if value32 is not None:
@@ -151,6 +196,13 @@ class ImportanceCapture:
                 f"forward pass given {CAPTURE_KWARG}=...?"
             )
         return _normalise(self._sums.pop(layer_idx))
+
+
+def query_blocks(first: int, q_len: int, row_elements: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` blocks of queries ``first..q_len`` whose fp32 attention rows (``row_elements`` floats per
+    query: batch · heads · keys) stay within one chunk of at most 2^26 floats (256 MiB)."""
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, row_elements))
+    return [(start, min(start + chunk, q_len)) for start in range(first, q_len, chunk)]
 
 
 def _normalise(sums: torch.Tensor) -> torch.Tensor:
@@ -223,6 +275,11 @@ def _make_capturing(implementation: str) -> Callable:
         **kwargs,
     ):
         captures = kwargs.pop(CAPTURE_KWARG, None)
+        masked = kwargs.pop(KEY_MASK_KWARG, None)
+        if masked is not None:
+            allowed = key_mask(masked.layers[module.layer_idx], key.shape[2])
+            if allowed is not None:
+                attention_mask = merge_mask(attention_mask, query_rows(allowed, query), query.dtype)
         output = None
         if captures is not None:
             scaling = kwargs.get("scaling")
@@ -237,6 +294,75 @@ def _make_capturing(implementation: str) -> Callable:
         return _base_attention(implementation, module)(module, query, key, value, attention_mask, **kwargs)
 
     return capturing_attention
+
+
+def query_rows(allowed: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """A key mask ``(batch, kv_heads, K)`` as attention-mask rows ``(batch, heads, Q, K)`` for ``query (batch, heads,
+    Q, d)``: each query head takes its KV head's row, and a block of ``Q > 1`` queries (the tail of the ``K``
+    keys) is also made causal, since a mask given to the attention replaces its own causal masking."""
+    heads, q_len = query.shape[1], query.shape[2]
+    rows = allowed.repeat_interleave(heads // allowed.shape[1], dim=1)[:, :, None, :]
+    if q_len == 1:
+        return rows
+    k_len = allowed.shape[2]
+    block = torch.arange(k_len - q_len, k_len, device=allowed.device)
+    causal = torch.arange(k_len, device=allowed.device)[None, :] <= block[:, None]
+    return rows & causal
+
+
+def merge_mask(mask: torch.Tensor | None, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A layer's attention mask further restricted to ``allowed`` keys.
+
+    Args:
+        mask: the layer's mask: ``None``, boolean (True = may attend) or additive float, broadcastable to
+            ``allowed``.
+        allowed: ``(batch, heads, q, K)`` bool.
+        dtype: the attention's dtype (for an additive mask).
+
+    Returns:
+        a boolean mask if ``mask`` was boolean, else an additive one of ``dtype`` (``None`` becomes additive, which
+        sdpa and eager both take).
+    """
+    if mask is not None and mask.dtype == torch.bool:
+        return mask[..., : allowed.shape[-1]] & allowed
+    blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
+    if mask is None:
+        return blocked
+    # min + min overflows to -inf, which softmax treats as a masked key too.
+    return mask[..., : allowed.shape[-1]].to(dtype) + blocked
+
+
+def _observe_inputs(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Attention pre-hook: hand the module's input hidden states to the forward pass's captures."""
+    captures = kwargs.get(CAPTURE_KWARG)
+    if captures is None:
+        return
+    hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+    for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
+        capture.observe_input(module, hidden_states)
+
+
+def _route_key_masks(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Decoder pre-hook: a forward pass over a cache with key masks carries that cache to the attention wrapper."""
+    cache = next((kwargs[name] for name in _CACHE_KEYWORDS if kwargs.get(name) is not None), None)
+    if cache is None or not hasattr(cache, "layers") or not has_key_masks(cache):
+        return None
+    return args, {**kwargs, KEY_MASK_KWARG: cache}
+
+
+def _install_hooks(model: PreTrainedModel) -> None:
+    """The decoder's key-mask pre-hook and every attention module's input pre-hook, once per model."""
+    decoder = model.get_decoder()
+    if getattr(decoder, "_lkv_hooked", False):
+        return
+    decoder.register_forward_pre_hook(_route_key_masks, with_kwargs=True)
+    for layer in getattr(decoder, "layers", ()):
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None:
+            attention.register_forward_pre_hook(_observe_inputs, with_kwargs=True)
+    decoder._lkv_hooked = True
 
 
 def _plain_softmax(kwargs: dict) -> bool:
@@ -270,13 +396,15 @@ def install_capture(model: PreTrainedModel) -> str:
     """Route ``model``'s attention through the capturing wrapper of its current implementation.
 
     Idempotent. Returns the new implementation name (``lkv_<base>``). Outputs are unchanged: the wrapper
-    calls the original implementation and only adds work when ``lkv_capture`` is passed.
+    calls the original implementation and only adds work when ``lkv_capture`` is passed or the cache carries
+    key masks (then the masked entries are left out, as if they had been evicted).
 
     Raises:
         ValueError: for an implementation in :data:`REFUSED_ATTENTION` (see :func:`check_attn_implementation`).
     """
     current = model.config._attn_implementation
     if current.startswith(_PREFIX):
+        _install_hooks(model)
         return current
     check_attn_implementation(current)
     if getattr(model.config, "attn_logit_softcapping", None):
@@ -286,4 +414,5 @@ def install_capture(model: PreTrainedModel) -> str:
         AttentionInterface.register(name, _make_capturing(current))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
     model.set_attn_implementation(name)
+    _install_hooks(model)
     return name

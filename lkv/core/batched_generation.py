@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from lkv.core.cache import CompressedCache
+from lkv.core.cache import KEY_MASK_ATTR, CompressedCache, key_mask, select_rows
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
@@ -180,14 +180,16 @@ def stack_caches(
 
 def _left_padded(caches: Iterable[DynamicCache], pads: Sequence[int], into: DynamicCache) -> DynamicCache:
     """``into`` filled with the single-row ``caches`` stacked along the batch: row ``b`` of layer ``l`` is
-    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer).
+    ``pads[b]`` zero columns, then the row's own entries (the same ``pads[b]`` in every layer). Rows' key masks
+    (:mod:`lkv.core.cache`) are stacked too (padding columns unmasked there: the attention mask blocks them).
 
     No reference to a row's cache outlives its copy (a generator may make the next row meanwhile)."""
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
+    masks: dict[int, torch.Tensor] = {}
     row = 0
     for own in caches:
-        _copy_row(own, row, pads, keys, values)
+        _copy_row(own, row, pads, keys, values, masks)
         row += 1
         del own
     if row != len(pads):
@@ -195,13 +197,20 @@ def _left_padded(caches: Iterable[DynamicCache], pads: Sequence[int], into: Dyna
     for index in range(len(keys)):
         into.update(keys[index], values[index], index)
         keys[index] = values[index] = None  # the cache holds its own copy now
+        setattr(into.layers[index], KEY_MASK_ATTR, masks.get(index))
     return into
 
 
 def _copy_row(
-    own: DynamicCache, row: int, pads: Sequence[int], keys: list[torch.Tensor], values: list[torch.Tensor]
+    own: DynamicCache,
+    row: int,
+    pads: Sequence[int],
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    masks: dict[int, torch.Tensor],
 ) -> None:
-    """Copy ``own``'s entries into row ``row`` of the stacked ``keys``/``values`` (allocated at row 0)."""
+    """Copy ``own``'s entries into row ``row`` of the stacked ``keys``/``values`` (allocated at row 0), and its
+    layers' key masks into ``masks`` (layer → ``(batch, kv_heads, columns)``, made on a layer's first mask)."""
     for index, layer in enumerate(own.layers):
         entries = layer.keys.shape[2]
         if row == 0:
@@ -215,6 +224,10 @@ def _copy_row(
             )
         keys[index][row, :, pads[row] :] = layer.keys[0]
         values[index][row, :, pads[row] :] = layer.values[0]
+        mask = key_mask(layer, entries)
+        if mask is not None:
+            stacked = masks.setdefault(index, keys[index].new_ones(keys[index].shape[:3], dtype=torch.bool))
+            stacked[row, :, pads[row] :] = mask[0]
 
 
 @dataclass
@@ -307,7 +320,7 @@ def greedy_batch(
             return
         if stopped:
             keep = (~stops).nonzero().flatten()
-            cache.batch_select_indices(keep)
+            select_rows(cache, keep)
             live = [live[i] for i in keep.tolist()]
             chosen, positions, last_step = chosen[keep], positions[keep], last_step[keep]
             mask = None if mask is None else mask[keep]

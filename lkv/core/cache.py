@@ -1,9 +1,16 @@
 """Physical KV-cache compression: gather the kept positions so the K/V tensors really shrink.
 
 After :func:`gather_cache`, layer ``l`` holds ``(1, kv_heads, C_l, head_dim)`` keys and values, the kept
-positions in their original order. Every head of a layer keeps the same count, so tensors stay rectangular;
-layers may differ (PyramidKV). RoPE is already baked into the cached keys, so decoding only needs position
-ids that continue from the uncompressed prompt length.
+positions in their original order; layers may differ (PyramidKV). RoPE is already baked into the cached keys,
+so decoding only needs position ids that continue from the uncompressed prompt length.
+
+Heads of one layer may keep different counts (AdaKV's head-adaptive budgets,
+:func:`lkv.eviction.presses.selector.select_indices`): a layer is then gathered to its largest head's count
+``W_l``, and the shorter heads' padding slots (position ``-1`` in the kept index) hold zeros and are marked
+in a key mask, ``(batch, kv_heads, W_l)`` bool on the cache layer (:func:`key_mask`; entries appended later
+are never masked). Attention skips the masked slots (:func:`lkv.core.attention.install_capture` routes every
+forward pass over such a cache through the mask), so the result equals attention over each head's own
+kept entries.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from lkv.core.compat import mask_query_length
+
+# Attribute of a cache layer holding its key mask: ``(batch, kv_heads, W)`` bool, True = a real entry.
+KEY_MASK_ATTR = "lkv_key_mask"
 
 
 class CompressedCache(DynamicCache):
@@ -75,7 +85,12 @@ def gather_cache(
 
 
 def gather_layer(cache: DynamicCache, layer_idx: int, index: torch.Tensor) -> None:
-    """Keep only ``index (1, kv_heads, C)`` (ascending positions) of layer ``layer_idx`` of ``cache``, in place."""
+    """Keep only ``index (1, kv_heads, C)`` of layer ``layer_idx`` of ``cache``, in place.
+
+    Each head's row holds its kept positions in ascending order; ``-1`` marks a padding slot (a head keeping
+    fewer entries than the layer's widest head): it gets zero keys and values and is masked in the layer's
+    key mask (:func:`key_mask`). A layer that already has a key mask keeps its masked entries masked.
+    """
     layer = cache.layers[layer_idx]
     if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
         raise NotImplementedError(
@@ -86,13 +101,47 @@ def gather_layer(cache: DynamicCache, layer_idx: int, index: torch.Tensor) -> No
             f"layer {layer_idx}: positions of shape {tuple(index.shape)} do not fit keys of shape "
             f"{tuple(layer.keys.shape)} (one sequence, one row of positions per KV head)"
         )
-    layer.keys = _gather(layer.keys, index)
-    layer.values = _gather(layer.values, index)
+    valid = index >= 0
+    previous = key_mask(layer, layer.keys.shape[2])
+    index = index.clamp_min(0)
+    if previous is not None:
+        valid = valid & previous.gather(2, index.to(previous.device))
+    layer.keys = _gather(layer.keys, index, valid)
+    layer.values = _gather(layer.values, index, valid)
+    setattr(layer, KEY_MASK_ATTR, None if bool(valid.all()) else valid.to(layer.keys.device))
 
 
-def _gather(states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``states (1, kv_heads, S, d)``, ``index (1, kv_heads, C)`` → a new ``(1, kv_heads, C, d)`` tensor."""
-    return states.gather(2, index.to(states.device)[..., None].expand(-1, -1, -1, states.shape[-1]))
+def key_mask(layer: CacheLayerMixin, length: int) -> torch.Tensor | None:
+    """The layer's key mask over its first ``length`` entries, ``(batch, kv_heads, length)`` bool (True = may be
+    attended), or ``None`` when every entry may be: entries past the mask (appended after compression) are
+    real, entries cut off (a cropped cache) are gone."""
+    mask = getattr(layer, KEY_MASK_ATTR, None)
+    if mask is None:
+        return None
+    if mask.shape[2] >= length:
+        return mask[..., :length]
+    return torch.cat([mask, mask.new_ones(*mask.shape[:2], length - mask.shape[2])], dim=2)
+
+
+def has_key_masks(cache: DynamicCache) -> bool:
+    """Whether any layer of ``cache`` masks some of its entries (heads of a layer keeping different counts)."""
+    return any(getattr(layer, KEY_MASK_ATTR, None) is not None for layer in cache.layers)
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only batch rows ``rows`` of every layer of ``cache`` (key masks included), in place."""
+    cache.batch_select_indices(rows)
+    for layer in cache.layers:
+        mask = getattr(layer, KEY_MASK_ATTR, None)
+        if mask is not None:
+            setattr(layer, KEY_MASK_ATTR, mask[rows.to(mask.device)])
+
+
+def _gather(states: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``states (1, kv_heads, S, d)``, ``index (1, kv_heads, C)`` → a new ``(1, kv_heads, C, d)`` tensor, zeros
+    where ``valid (1, kv_heads, C)`` is False."""
+    out = states.gather(2, index.to(states.device)[..., None].expand(-1, -1, -1, states.shape[-1]))
+    return out if bool(valid.all()) else out.masked_fill(~valid.to(out.device)[..., None], 0)
 
 
 def token_bytes(config: PretrainedConfig, dtype_bytes: int) -> int:

@@ -15,6 +15,8 @@ RUN_FILE = "run.json"
 ADAPTER_METHODS = frozenset({"lookaheadkv"})
 #: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows)
 UNUSED_WHEN_NONE = frozenset({"adapter"})
+#: ``run.json`` keys added after folders were made without them: a missing key reads as this value
+ADDED_KEYS = {"head_budget": "equal"}
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -76,17 +78,18 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
     path = output / RUN_FILE
     if path.exists():
         previous = json.loads(path.read_text())
+        known = {**ADDED_KEYS, **previous}
         differing = sorted(
             k
             for k in info
-            if previous.get(k) != info[k]
-            and not (k in UNUSED_WHEN_NONE and (previous.get(k) is None or info[k] is None))
+            if known.get(k) != info[k]
+            and not (k in UNUSED_WHEN_NONE and (known.get(k) is None or info[k] is None))
             and not (k in unrecorded and k not in previous)
         )
         if differing:
             raise ValueError(
                 f"{output} holds results of another run (differs in: {', '.join(differing)}: "
-                f"{ {k: previous.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
+                f"{ {k: known.get(k) for k in differing} } vs { {k: info[k] for k in differing} }); "
                 "use another --output or delete the folder"
             )
         merged = {**info, **{k: v for k, v in previous.items() if v is not None}}

@@ -52,6 +52,7 @@ from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
 from lkv.eviction.presses import FullKVPress, Press, PressContext
+from lkv.eviction.presses.selector import HeadBudget
 from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
@@ -217,6 +218,8 @@ class Evaluator:
             memory (:func:`device_batch_tokens`; no limit on a CPU). The peak is in docs/scale_out.md.
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
+        head_budget: how each method's budget is spread over the KV heads of a layer: ``equal`` or ``adaptive``
+            (AdaKV, :mod:`lkv.eviction.presses.selector`).
     """
 
     def __init__(
@@ -232,6 +235,7 @@ class Evaluator:
         batch_size: int = 8,
         enable_thinking: bool = False,
         max_batch_tokens: int | None = None,
+        head_budget: HeadBudget = "equal",
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -247,7 +251,10 @@ class Evaluator:
         if not self.budgets:
             raise ValueError("give at least one budget")
         self.methods = list(presses)
-        self.compressors = {name: Compressor(model, tokenizer, press) for name, press in presses.items()}
+        self.compressors = {
+            name: Compressor(model, tokenizer, press, head_budget=head_budget)
+            for name, press in presses.items()
+        }
         self.full = self.compressors.get("fullkv") or Compressor(model, tokenizer, FullKVPress())
         self.output = Path(output)
         self.results = ResultsFile(self.output / RESULTS_FILE)
@@ -460,6 +467,7 @@ class Evaluator:
             shared.next_logits,
             shared.captures[method],
             self.full.eos_token_ids,
+            self.tokenizer,
         )
         start = clock(shared.ids.device)
         scores = self.compressors[method].press.score(ctx)
@@ -476,8 +484,9 @@ class Evaluator:
 
     def _generate_streamed(self, method: str, unit: _Unit, budget: int | float) -> Generation:
         """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
+        own = self.compressors[method]
         compressor = Compressor(
-            self.model, self.tokenizer, self.compressors[method].press, budget, streamed=True
+            self.model, self.tokenizer, own.press, budget, streamed=True, head_budget=own.head_budget
         )
         ids = torch.tensor([unit.prompt], device=self.full.device)
         return compressor.generate(ids, unit.sampling, unit.appended or None)

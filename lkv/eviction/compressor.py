@@ -43,7 +43,14 @@ from lkv.core.compat import cache_kwargs
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
 from lkv.eviction.presses import LookaheadKVPress, Press, PressContext, check_pooling
-from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.presses.selector import (
+    SAFEGUARD,
+    HeadBudget,
+    budget_tokens,
+    check_budget,
+    check_head_budget,
+    select_indices,
+)
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
@@ -60,9 +67,11 @@ class CompressedPrompt:
         cache: the (compressed) cache; layer ``l`` holds ``(1, kv_heads, C_l, head_dim)``.
         next_logits: ``(1, vocab)`` logits after the last prompt token.
         prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``.
-        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending), or ``None`` when nothing was evicted.
+        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending; ``-1``: a padding slot of an
+            ``adaptive`` head budget), or ``None`` when nothing was evicted.
         scores: the press's ``(1, layers, kv_heads, S)`` scores, or ``None`` when nothing was evicted.
-        kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction.
+        kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction (allocated:
+            padding slots of an ``adaptive`` head budget included).
         prefill_s, eviction_s: seconds spent in the prefill and in scoring + selection + gathering.
         budget: the requested tokens per KV head (``None``: not compressed to a budget).
         layer_budgets: the method's tokens per KV head in each layer for that budget.
@@ -81,11 +90,11 @@ class CompressedPrompt:
     layer_budgets: list[int] | None = None
 
     @property
-    def kept_per_layer(self) -> list[int]:
-        """Cached prompt entries per KV head in each layer."""
+    def kept_per_layer(self) -> list[float]:
+        """Cached prompt entries per KV head in each layer (the mean over heads; padding slots not counted)."""
         if self.kept is None:
             return [self.prompt_len] * len(self.cache.layers)
-        return [index.shape[-1] for index in self.kept]
+        return [int((index >= 0).sum()) / index.shape[1] for index in self.kept]
 
 
 @dataclass
@@ -123,7 +132,7 @@ class Generation:
         token_ids: generated tokens (an ending EOS included).
         finish_reason: ``eos``, ``stop`` (a stop string) or ``length`` (``max_new_tokens`` reached).
         prompt_tokens: tokens the model read before answering (context + question in the agnostic setting).
-        kept_per_layer: cached prompt entries per KV head in each layer after eviction.
+        kept_per_layer: cached prompt entries per KV head in each layer after eviction (mean over the heads).
         kv_bytes_full, kv_bytes_kept: prompt K/V bytes before and after eviction.
         prefill_s, eviction_s, question_s, decode_s: seconds per phase (``question_s``: appending the
             question to a compressed context, 0 when question-aware).
@@ -135,7 +144,7 @@ class Generation:
     token_ids: list[int]
     finish_reason: str
     prompt_tokens: int
-    kept_per_layer: list[int]
+    kept_per_layer: list[float]
     kv_bytes_full: int
     kv_bytes_kept: int
     prefill_s: float
@@ -174,10 +183,15 @@ class Compressor:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
         streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
             (:mod:`lkv.eviction.streamed`: only one layer's full K/V at a time, same result). Presses that need
-            the whole prompt first (Oracle, LAQ, SpecKV, decode-time methods) keep the two-phase path;
+            the whole prompt first (Oracle, LAQ, SpecKV, KVzip, decode-time methods) keep the two-phase path;
             :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
         enable_thinking: the chat template's variable for text prompts, contexts and questions
             (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
+        head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps
+            ``C · kv_heads`` entries, spread over its heads by score; :mod:`lkv.eviction.presses.selector`). A
+            layer is then gathered to its widest head's count and the other heads' padding slots are masked
+            (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
+        safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``, 0.20).
     """
 
     def __init__(
@@ -193,6 +207,8 @@ class Compressor:
         decode_policy: DecodePolicy | None = None,
         streamed: bool = False,
         enable_thinking: bool = False,
+        head_budget: HeadBudget = "equal",
+        safeguard: float = SAFEGUARD,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -205,6 +221,13 @@ class Compressor:
                 )
             decode_policy = self.press.decode_policy
         self.decode_policy = decode_policy
+        check_head_budget(head_budget, safeguard)
+        if head_budget != "equal" and decode_policy is not None:
+            raise ValueError(
+                f"head_budget={head_budget!r} cannot go with the decode-time policy {decode_policy.name}, which "
+                "keeps the same number of entries in every head while it decodes"
+            )
+        self.head_budget, self.safeguard = head_budget, safeguard
         self.budget = check_budget(budget)
         if sink < 0 or recent < 0:
             raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
@@ -263,7 +286,7 @@ class Compressor:
         scores = None
         if with_scores:
             scores = self.press.score(
-                PressContext(self.model, ids, cache, next_logits, capture, self.eos_token_ids)
+                PressContext(self.model, ids, cache, next_logits, capture, self.eos_token_ids, self.tokenizer)
             )
             lengths = {layer.get_seq_length() for layer in cache.layers}
             if lengths != {prompt_len}:
@@ -296,7 +319,16 @@ class Compressor:
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
             sink, recent = self._protected(scored.prompt_len, tokens)
-            kept = select_indices(scored.scores, budgets, sink, recent, self.kernel, self.pooling)
+            kept = select_indices(
+                scored.scores,
+                budgets,
+                sink,
+                recent,
+                self.kernel,
+                self.pooling,
+                self.head_budget,
+                self.safeguard,
+            )
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
@@ -349,6 +381,8 @@ class Compressor:
             self.pooling,
             keep_scores=self.decode_policy is not None,  # a decode-time policy may seed from them
             clock=lambda: clock(self.device),
+            head_budget=self.head_budget,
+            safeguard=self.safeguard,
         )
         return CompressedPrompt(
             cache=out.cache,

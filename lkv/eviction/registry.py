@@ -13,8 +13,11 @@ from typing import Literal
 
 from lkv.eviction.decoding.methods import h2o_decode, quest, scissorhands
 from lkv.eviction.presses import (
+    ExpectedAttentionPress,
     FullKVPress,
     H2OPress,
+    KeyDiffPress,
+    KVzipPress,
     LAQPress,
     LookaheadKVPress,
     OraclePress,
@@ -84,6 +87,20 @@ _REGISTERED = (
         "attention of the last prompt query, averaged over all heads: one ranking per layer",
     ),
     Method("random", RandomPress, "prefill", "random scores: the floor"),
+    Method(
+        "expected_attention",
+        ExpectedAttentionPress,
+        "prefill",
+        "attention future queries are expected to pay, from the prompt's query statistics (kvpress's default)",
+    ),
+    Method(
+        "kvzip",
+        KVzipPress,
+        "prefill",
+        "max attention of a pass that repeats the context (question-agnostic; a second pass over the prompt)",
+        default=False,
+    ),
+    Method("keydiff", KeyDiffPress, "prefill", "keys least similar to the layer's mean key; no attention"),
     Method(
         "laq",
         LAQPress,

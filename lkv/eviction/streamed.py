@@ -32,7 +32,7 @@ from lkv.core.attention import CAPTURE_KWARG
 from lkv.core.cache import CompressedCache, gather_layer, layer_bytes, token_bytes
 from lkv.core.generation import prefill
 from lkv.eviction.presses.base import LayerScorer, Press, StreamContext
-from lkv.eviction.presses.selector import select_indices
+from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, check_head_budget, select_indices
 
 
 @dataclass
@@ -77,6 +77,8 @@ class LayerEvictor:
             press's own protected window by the caller.
         keep_scores: also keep every layer's ``(1, kv_heads, S)`` scores (:attr:`scores`).
         clock: timer for :attr:`seconds`.
+        head_budget, safeguard, width: how each layer's budget is spread over its KV heads
+            (:func:`select_indices`; ``adaptive`` gathers each layer to its widest head, or to ``width``).
     """
 
     def __init__(
@@ -92,7 +94,11 @@ class LayerEvictor:
         pooling: str = "max",
         keep_scores: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        head_budget: HeadBudget = "equal",
+        safeguard: float = SAFEGUARD,
+        width: int | None = None,
     ) -> None:
+        check_head_budget(head_budget, safeguard)
         if not press.streamable:
             raise ValueError(f"{press.name} has no layer-streamed eviction; use the two-phase path")
         self.num_layers = len(model.get_decoder().layers)
@@ -100,7 +106,7 @@ class LayerEvictor:
             raise ValueError(f"got {len(budgets)} layer budgets for {self.num_layers} decoder layers")
         self.capture = press.prefill_capture(ids.shape[1])
         self.cache, self.budgets, self.clock, self.keep_scores = cache, list(budgets), clock, keep_scores
-        self.options = (sink, recent, kernel, pooling)
+        self.options = (sink, recent, kernel, pooling, head_budget, safeguard, width)
         self.scorer: LayerScorer = press.layer_scorer(StreamContext(model, ids, cache, self.capture))
         self.kept: list[torch.Tensor] = []
         self.scores: list[torch.Tensor] = []
@@ -116,7 +122,8 @@ class LayerEvictor:
 
     def select(self, layer_idx: int) -> torch.Tensor:
         """Score layer ``layer_idx`` (which holds the prompt's ``S`` entries) and return its kept positions
-        ``(1, kv_heads, C_l)``, ascending; the cache is left as it is."""
+        ``(1, kv_heads, C_l)``, ascending (``-1``: a padding slot of an ``adaptive`` head budget); the cache is
+        left as it is."""
         if layer_idx != len(self.kept):
             raise RuntimeError(
                 f"decoder layer {layer_idx} ran out of order (expected layer {len(self.kept)})"
@@ -167,6 +174,8 @@ def streamed_compress(
     pooling: str = "max",
     keep_scores: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    head_budget: HeadBudget = "equal",
+    safeguard: float = SAFEGUARD,
 ) -> StreamedEviction:
     """Prefill ``ids (1, S)`` layer by layer, cutting each layer to its budget before the next one runs.
 
@@ -174,7 +183,19 @@ def streamed_compress(
     """
     cache = DynamicCache(config=model.config)
     evictor = LayerEvictor(
-        model, press, ids, cache, budgets, sink, recent, kernel, pooling, keep_scores, clock
+        model,
+        press,
+        ids,
+        cache,
+        budgets,
+        sink,
+        recent,
+        kernel,
+        pooling,
+        keep_scores,
+        clock,
+        head_budget=head_budget,
+        safeguard=safeguard,
     )
     layers = model.get_decoder().layers
     handles = [layer.register_forward_hook(partial(evictor.hook, i)) for i, layer in enumerate(layers)]

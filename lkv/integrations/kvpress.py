@@ -36,7 +36,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from lkv.core.attention import install_capture
+from lkv.core.cache import gather_layer
 from lkv.eviction.presses import LookaheadKVPress, Press
+from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, adaptive_width, check_head_budget
 from lkv.eviction.streamed import LayerEvictor
 
 # the cache keyword kvpress's pipeline passes (transformers < 5.24), and the one newer transformers reads
@@ -54,9 +56,15 @@ class LkvPress(BasePress):
             of each layer keeps ``C = max(1, int(S · (1 − ratio)))``; 0 compresses nothing.
         sink, recent, kernel, pooling: lkv's selector options on top of the press's own protected window
             (:func:`~lkv.eviction.presses.selector.select_indices`).
+        head_budget, safeguard: ``adaptive`` spreads each layer's ``C · kv_heads`` entries over its heads by
+            score (AdaKV, as kvpress's ``AdaKVPress``); ``safeguard`` is the share of ``C`` each head keeps.
 
     Every layer must keep the same count: kvpress's pipeline appends the question as one block, which a cache
-    with layers of different lengths cannot mask (so PyramidKV's schedule is refused here).
+    with layers of different lengths cannot mask (so PyramidKV's schedule is refused here). Under ``adaptive``
+    head budgets every layer is therefore gathered to one width known before any layer is scored, the most
+    one head can keep (:func:`~lkv.eviction.presses.selector.adaptive_width`: ``C · kv_heads`` less the other
+    heads' safeguard, at most ``S``); the shorter heads' slots are masked (:mod:`lkv.core.cache`).
+    kvpress's own ``AdaKVPress`` keeps all ``S`` entries and masks the evicted ones.
     """
 
     press: Press
@@ -65,6 +73,8 @@ class LkvPress(BasePress):
     recent: int = 0
     kernel: int = 1
     pooling: str = "max"
+    head_budget: HeadBudget = "equal"
+    safeguard: float = SAFEGUARD
     _model: PreTrainedModel | None = field(default=None, init=False, repr=False)
     _evictor: LayerEvictor | None = field(default=None, init=False, repr=False)
 
@@ -76,6 +86,7 @@ class LkvPress(BasePress):
             )
         if not 0 <= self.compression_ratio < 1:
             raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
+        check_head_budget(self.head_budget, self.safeguard)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Route the model's attention through lkv's capture (idempotent; outputs unchanged)."""
@@ -114,6 +125,7 @@ class LkvPress(BasePress):
                 "pipeline appends the question as one block, which needs every layer at the same length"
             )
         own_sink, own_recent = self.press.protected(prompt_len)
+        kv_heads = self._model.config.num_key_value_heads
         self._evictor = LayerEvictor(
             self._model,
             self.press,
@@ -124,6 +136,9 @@ class LkvPress(BasePress):
             max(own_recent, self.recent),
             self.kernel,
             self.pooling,
+            head_budget=self.head_budget,
+            safeguard=self.safeguard,
+            width=adaptive_width(budget, kv_heads, prompt_len, self.safeguard),
         )
         return args, {**kwargs, **self._evictor.forward_kwargs}
 
@@ -142,11 +157,13 @@ class LkvPress(BasePress):
         attentions: torch.Tensor | None,
         kwargs: dict,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values ``(1, kv_heads, S, head_dim)`` of layer ``module.layer_idx`` → ``(1, kv_heads, C,
-        head_dim)``, the positions lkv's selector keeps for that layer, in their original order."""
-        index = self._evictor.select(module.layer_idx)
-        index = index[..., None].expand(-1, -1, -1, keys.shape[-1])
-        return keys.gather(2, index).contiguous(), values.gather(2, index).contiguous()
+        """Keys and values ``(1, kv_heads, S, head_dim)`` of layer ``module.layer_idx`` (the cache layer's own) →
+        ``(1, kv_heads, C, head_dim)``, the positions lkv's selector keeps for that layer, in their original
+        order (under ``adaptive`` head budgets with masked padding slots; the mask stays on the cache layer)."""
+        cache = next(kwargs[name] for name in _CACHE_KEYWORDS if kwargs.get(name) is not None)
+        gather_layer(cache, module.layer_idx, self._evictor.select(module.layer_idx))
+        layer = cache.layers[module.layer_idx]
+        return layer.keys, layer.values
 
 
 def lookahead_press(

@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.eviction.presses import LookaheadKVPress, Press
 from lkv.eviction.registry import make_method
@@ -69,6 +69,13 @@ class Workbench:
     def model(self) -> PreTrainedModel:
         s = self.settings
         return load_model(s.model, s.dtype, s.device, s.attn_implementation, s.num_layers)
+
+    @cached_property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The model's tokenizer, for presses that write text of their own (KVzip's repeat prompt); a random
+        model (no folder) has none."""
+        path = self.model.config.name_or_path
+        return AutoTokenizer.from_pretrained(path) if path else None
 
     @property
     def device(self) -> torch.device:

@@ -274,6 +274,44 @@ def test_a_folder_of_another_run_is_refused(tmp_path):
         check_run(tmp_path, {"model": "n", "adapter": None})
 
 
+def test_head_budget_is_part_of_the_run(tmp_path):
+    check_run(tmp_path, {"model": "m", "adapter": None})  # a folder from before the setting existed
+    check_run(tmp_path, {"model": "m", "adapter": None, "head_budget": "equal"})  # resumes: it was equal
+    with pytest.raises(ValueError, match=r"differs in: head_budget"):
+        check_run(tmp_path, {"model": "m", "adapter": None, "head_budget": "adaptive"})
+
+
+def test_adaptive_head_budget_rows_match_the_compressor(tiny_llama, tiny_corpus, tmp_path):
+    model, tokenizer = tiny_llama
+    presses = {"snapkv": make_method("snapkv", window=4), "keydiff": make_method("keydiff")}
+    task = tiny_needle_task(tiny_corpus, max_new_tokens=4)
+    for streamed in (False, True):
+        out = tmp_path / f"streamed-{streamed}"
+        rows = Evaluator(
+            model,
+            tokenizer,
+            presses,
+            [12],
+            ["aware", "agnostic"],
+            out,
+            False,
+            streamed,
+            head_budget="adaptive",
+        ).run([task])
+        (sample,) = task.samples(tokenizer)
+        context, question = encode_sample(sample, tokenizer)
+        for row in rows:
+            compressor = Compressor(
+                model, tokenizer, presses[row["method"]], budget=12, head_budget="adaptive"
+            )
+            if row["setting"] == "aware":
+                expected = compressor.decode(compressor.compress(context + question), Sampling(4))
+            else:
+                expected = compressor.answer(compressor.compress(context), question, Sampling(4))
+            assert row["answer_ids"] == expected.token_ids and row["kept_tokens"] == 12
+            assert row["kv_fraction"] == expected.kv_bytes_kept / expected.kv_bytes_full
+
+
 def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
     # a run without lookaheadkv (adapter None) and a later one with it share the folder; the adapter is kept
     check_run(tmp_path, {"model": "m", "adapter": None})
@@ -288,6 +326,10 @@ def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
     monkeypatch.setattr(lkv.commands.eval, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError, match=r"decode-time methods \['quest'\] keep equal budgets"):
+        lkv.commands.eval.evaluate(
+            [], methods=("snapkv", "quest"), head_budget="adaptive", output=str(tmp_path)
+        )
     with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
         lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):

@@ -20,6 +20,9 @@ SETTINGS = {
     "speckv": {"draft_layers": 1, "num_tokens": 4, "window": 4, "kernel": 3},
     "oracle": {"response_tokens": 6},
     "lookaheadkv": {},
+    "expected_attention": {"n_future_positions": 64},
+    "kvzip": {"chunk_size": 20},
+    "keydiff": {},
 }
 
 

@@ -186,6 +186,15 @@ def test_generate_command(patched_backbone, capsys):
     assert "h2o, budget 0.8," in capsys.readouterr().err
 
 
+def test_generate_command_head_budget(patched_backbone, capsys):
+    args = ["generate", "--prompt", "Tell me about foxes. " * 10, "--budget", "16", "--max_new_tokens", "3"]
+    lkv_main([*args, "--method", "expected_attention", "--head_budget", "adaptive"])
+    err = capsys.readouterr().err
+    assert "expected_attention, budget 16, adaptive head budgets," in err and "kept 16 tokens per head" in err
+    with pytest.raises(SystemExit):
+        lkv_main([*args, "--head_budget", "per-head"])
+
+
 def test_generate_command_errors(patched_backbone, tmp_path):
     with pytest.raises(ValueError, match="exactly one"):
         generate_command()

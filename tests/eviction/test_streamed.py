@@ -12,7 +12,17 @@ from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
 
-STREAMED = ["snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
+STREAMED = [
+    "snapkv",
+    "pyramidkv",
+    "tova",
+    "h2o",
+    "streamingllm",
+    "random",
+    "lookaheadkv",
+    "expected_attention",
+    "keydiff",
+]
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 

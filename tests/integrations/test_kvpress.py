@@ -12,15 +12,20 @@ pytest.importorskip("kvpress")
 from kvpress import KVPressTextGenerationPipeline  # noqa: E402
 from kvpress.utils import compute_n_kept  # noqa: E402
 
+from lkv.core.cache import key_mask  # noqa: E402
 from lkv.core.compat import cache_kwargs  # noqa: E402
+from lkv.core.generation import Sampling  # noqa: E402
+from lkv.eviction.compressor import Compressor  # noqa: E402
 from lkv.eviction.presses import LookaheadKVPress  # noqa: E402
+from lkv.eviction.presses.selector import adaptive_width  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
 from lkv.eviction.streamed import streamed_compress  # noqa: E402
 from lkv.integrations.kvpress import LkvPress, lookahead_press  # noqa: E402
 from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt  # noqa: E402
+from tests.reference import evicted_reference_logits, keep_mask  # noqa: E402
 
-UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
+UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv", "expected_attention", "keydiff"]
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
@@ -47,6 +52,73 @@ def test_kvpress_hook_keeps_what_lkv_streamed_eviction_keeps(family, method, rat
     for layer, (a, b) in enumerate(zip(got.layers, want.layers, strict=True)):
         assert a.keys.shape[2] == budget, f"layer {layer} keeps {a.keys.shape[2]} entries, not {budget}"
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), f"layer {layer} K/V"
+
+
+def kept_entries(layer) -> list[torch.Tensor]:
+    """Per KV head the ``(n, head_dim)`` keys a cache layer really keeps (masked slots left out)."""
+    mask = key_mask(layer, layer.keys.shape[2])
+    return [
+        layer.keys[0, h] if mask is None else layer.keys[0, h][mask[0, h]] for h in range(layer.keys.shape[1])
+    ]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("method", ["snapkv", "expected_attention", "keydiff", "lookaheadkv"])
+def test_kvpress_hook_honours_adaptive_head_budgets(family, method):
+    model, _ = build_tiny_model(family)
+    lkv_press = build_press(method, model)
+    model = lkv_press.base_model if isinstance(lkv_press, LookaheadKVPress) else model
+    ids = prompt(model)
+    ratio = 0.75
+    budget = compute_n_kept(PROMPT_LEN, ratio)
+    sink, recent = lkv_press.protected(PROMPT_LEN)
+    budgets = lkv_press.layer_budgets(budget, PROMPT_LEN, model.config.num_hidden_layers)
+    want = streamed_compress(model, lkv_press, ids, budgets, sink, recent, head_budget="adaptive").cache
+    got = kvpress_prefill(model, LkvPress(lkv_press, compression_ratio=ratio, head_budget="adaptive"), ids)
+    width = adaptive_width(budget, model.config.num_key_value_heads, PROMPT_LEN)
+    for layer, (a, b) in enumerate(zip(got.layers, want.layers, strict=True)):
+        assert a.keys.shape[2] == width, f"layer {layer}: {a.keys.shape[2]} slots, not the uniform {width}"
+        for head, (mine, theirs) in enumerate(zip(kept_entries(a), kept_entries(b), strict=True)):
+            assert torch.equal(mine, theirs), f"layer {layer}, head {head}: other entries kept"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_question_block_on_an_adaptive_kvpress_cache_matches_the_masked_full_cache(family):
+    """kvpress's pipeline appends the question as one block on the uniformly wide, masked cache: its logits
+    equal a full-cache forward with each head's evicted prompt keys masked."""
+    model, _ = build_tiny_model(family)
+    press = make_method("snapkv", window=4)
+    ids, question = prompt(model), torch.tensor([[5, 6, 7, 8, 9]])
+    budget = compute_n_kept(PROMPT_LEN, 0.75)
+    kept = streamed_compress(
+        model, press, ids, [budget] * model.config.num_hidden_layers, 0, 4, head_budget="adaptive"
+    ).kept
+    keep = keep_mask(kept, PROMPT_LEN)
+    cache = kvpress_prefill(model, LkvPress(press, compression_ratio=0.75, head_budget="adaptive"), ids)
+    positions = torch.arange(PROMPT_LEN, PROMPT_LEN + question.shape[1])[None]
+    with torch.no_grad():
+        got = model(input_ids=question, position_ids=positions, **cache_kwargs(cache)).logits[0].float()
+    want = evicted_reference_logits(model, torch.cat([ids, question], dim=1), keep)[PROMPT_LEN:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_kvpress_pipeline_with_adaptive_head_budgets_answers_as_lkv(tiny_qwen):
+    """End to end: the pipeline's answer (question appended as one block) is lkv's own (each layer as wide as
+    its widest head, the question appended token by token)."""
+    model, tokenizer = tiny_qwen
+    pipe = KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+    context = (
+        "The quick brown fox jumps over the lazy dog. A startup is a company designed to grow fast. " * 3
+    )
+    press = LkvPress(make_method("snapkv", window=4), compression_ratio=0.5, head_budget="adaptive")
+    got = pipe(context, question="Who jumps?", press=press, max_new_tokens=6)["answer"]
+    inputs = pipe.preprocess(context, ["Who jumps?"], "", 10**6)
+    ids, question = inputs["context_ids"], inputs["questions_ids"][0][0].tolist()
+    budget = compute_n_kept(ids.shape[1], 0.5)
+    compressor = Compressor(
+        model, tokenizer, make_method("snapkv", window=4), budget, head_budget="adaptive", streamed=True
+    )
+    assert got == compressor.answer(compressor.compress(ids), question, Sampling(max_new_tokens=6)).text
 
 
 def test_kvpress_pipeline_answers_from_the_compressed_context(tiny_llama):

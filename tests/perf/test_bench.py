@@ -26,6 +26,7 @@ from lkv.perf.suites import SUITES
 from lkv.perf.timing import linear_fit
 from lkv.perf.workbench import BenchSettings, Workbench
 from lkv.train.module import LookaheadKVModule
+from tests.conftest import build_tiny_model
 
 TINY = {
     "model": "random:tiny-llama",
@@ -150,6 +151,21 @@ def test_benchmark_architectures_have_the_published_sizes(architecture, billions
     with pytest.raises(ValueError, match="unknown architecture"):
         random_model("gpt-5")
     assert "tiny-llama" in ARCHITECTURES
+
+
+def test_ttft_of_the_kvpress_era_presses(tmp_path, capsys):
+    """Expected Attention, KeyDiff and KVzip in the ttft suite; KVzip writes its repeat prompt with the
+    model's tokenizer, which a model folder has and a random model has not."""
+    model, tokenizer = build_tiny_model("llama")
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    methods = ["expected_attention", "keydiff", "kvzip"]
+    settings = BenchSettings(**{**TINY, "model": str(tmp_path / "model"), "methods": methods})
+    ttft = run_benchmarks(["ttft"], settings, [48], 1, 0, 1, False)["benchmarks"]["ttft"]
+    assert set(ttft["derived"]["48"]) == set(methods)
+    assert all(ttft["lengths"]["48"][m]["median_eviction_s"] > 0 for m in methods)
+    with pytest.raises(ValueError, match="give the Compressor a tokenizer"):
+        run_benchmarks(["ttft"], BenchSettings(**{**TINY, "methods": ["kvzip"]}), [48], 1, 0, 1, False)
 
 
 def test_every_sub_benchmark_end_to_end(capsys):

@@ -19,7 +19,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 
-from lkv.core.attention import install_capture
+from lkv.core.attention import install_capture, merge_mask
 
 SPARSE_KWARG = "lkv_sparse"
 _PREFIX = "lkv_sparse_"
@@ -30,30 +30,6 @@ class SparseAttention(Protocol):
         """``(batch, heads, q, K)`` bool (True = may attend) for ``query (batch, heads, q, d)`` on
         ``key (batch, kv_heads, K, d)``, or ``None`` to leave the layer dense."""
         ...
-
-
-def merge_mask(mask: torch.Tensor | None, allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A layer's attention mask further restricted to ``allowed`` keys.
-
-    Args:
-        mask: the layer's mask: ``None``, boolean (True = may attend) or additive float, broadcastable to
-            ``allowed``.
-        allowed: ``(batch, heads, q, K)`` bool.
-        dtype: the attention's dtype (for an additive mask).
-
-    Returns:
-        a boolean mask if ``mask`` was boolean, else an additive one of ``dtype`` (``None`` becomes additive, which
-        sdpa and eager both take).
-    """
-    if mask is not None and mask.dtype == torch.bool:
-        return mask[..., : allowed.shape[-1]] & allowed
-    blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-        ~allowed, torch.finfo(dtype).min
-    )
-    if mask is None:
-        return blocked
-    # min + min overflows to -inf, which softmax treats as a masked key too.
-    return mask[..., : allowed.shape[-1]].to(dtype) + blocked
 
 
 def _make_sparse(implementation: str) -> Callable:

@@ -14,8 +14,11 @@ from lkv.eviction.presses.base import (
     check_pooling,
     pool_scores,
 )
+from lkv.eviction.presses.expected_attention import ExpectedAttentionPress
 from lkv.eviction.presses.full import FullKVPress
 from lkv.eviction.presses.h2o import H2OPress
+from lkv.eviction.presses.keydiff import KeyDiffPress
+from lkv.eviction.presses.kvzip import KVzipPress
 from lkv.eviction.presses.laq import LAQPress
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.oracle import OraclePress
@@ -28,8 +31,11 @@ from lkv.eviction.presses.tova import TOVAPress
 
 __all__ = [
     "POOLING_MODES",
+    "ExpectedAttentionPress",
     "FullKVPress",
     "H2OPress",
+    "KVzipPress",
+    "KeyDiffPress",
     "LAQPress",
     "LayerScorer",
     "LookaheadKVPress",

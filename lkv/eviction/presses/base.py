@@ -15,9 +15,9 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.core.attention import ImportanceCapture
+from lkv.core.attention import AttentionCapture
 
 
 @dataclass
@@ -31,14 +31,16 @@ class PressContext:
         next_logits: ``(1, vocab)`` logits after the prompt.
         capture: the press's prefill capture (``None`` if it asked for none).
         eos_token_ids: stop tokens, for presses that generate (Oracle, LAQ, SpecKV).
+        tokenizer: the model's tokenizer, for presses that write text of their own (KVzip's repeat prompt).
     """
 
     model: PreTrainedModel
     prompt_ids: torch.Tensor
     cache: DynamicCache
     next_logits: torch.Tensor
-    capture: ImportanceCapture | None = None
+    capture: AttentionCapture | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    tokenizer: PreTrainedTokenizerBase | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -60,7 +62,7 @@ class StreamContext:
     model: PreTrainedModel
     prompt_ids: torch.Tensor
     cache: DynamicCache
-    capture: ImportanceCapture | None = None
+    capture: AttentionCapture | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -81,7 +83,7 @@ class Press(ABC):
     # True when layer l's scores depend on layers ≤ l only (layer-streamed eviction: :meth:`layer_scorer`)
     streamable: ClassVar[bool] = False
 
-    def prefill_capture(self, prompt_len: int) -> ImportanceCapture | None:
+    def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         """Capture to attach to the prompt's prefill, or ``None``."""
         return None
 

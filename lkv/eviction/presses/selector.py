@@ -3,12 +3,25 @@
 Every eviction method goes through :func:`select_indices`, so methods differ only in their scores (and, for
 PyramidKV, in how the total budget is spread over layers). Ties are broken towards the earlier position,
 which makes the selection deterministic.
+
+How a layer's budget is spread over its KV heads (``head_budget``):
+
+- ``equal`` (the paper's, default): every head keeps its top ``C``;
+- ``adaptive`` (AdaKV; Feng et al., 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget
+  Allocation for Efficient LLM Inference"): the layer keeps the same total ``C · kv_heads``, chosen as the top
+  of the layer's scores flattened over its heads, so a head whose attention is spread thin gets more entries
+  than one that attends to a few tokens. Each head is guaranteed its own top ``⌊safeguard · C⌋`` (at least one;
+  the paper's and kvpress's ``alpha_safeguard``, 0.20) and its protected positions. Scores are compared
+  across the heads of a layer as they are, as AdaKV and kvpress's ``AdaKVPress`` do: the attention-based
+  presses give each head a distribution over the prompt (the capture normalises each head's attention), so
+  they compare as they stand; for other presses the scale is the method's own (KeyDiff: cosine distances).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -50,6 +63,31 @@ def budget_tokens(budget: int | float, prompt_len: int) -> int:
     return budget
 
 
+HeadBudget = Literal["equal", "adaptive"]
+HEAD_BUDGETS: tuple[str, ...] = ("equal", "adaptive")
+SAFEGUARD = 0.2
+"""AdaKV's ``alpha_safeguard``: the share of ``C`` every head keeps whatever the other heads' scores."""
+
+
+def check_head_budget(head_budget: str, safeguard: float) -> None:
+    """Raise a clear error unless ``head_budget`` is one of :data:`HEAD_BUDGETS` and ``0 ≤ safeguard ≤ 1``."""
+    if head_budget not in HEAD_BUDGETS:
+        raise ValueError(f"head_budget must be one of {', '.join(HEAD_BUDGETS)}; got {head_budget!r}")
+    if not 0 <= safeguard <= 1:
+        raise ValueError(f"safeguard must be in [0, 1] (a share of the per-head budget), got {safeguard}")
+
+
+def safeguarded(budget: int, safeguard: float) -> int:
+    """Entries every head keeps under ``adaptive`` head budgets: ``⌊safeguard · C⌋``, at least one if ``safeguard > 0``."""
+    return min(budget, max(1, int(budget * safeguard))) if safeguard > 0 else 0
+
+
+def adaptive_width(budget: int, kv_heads: int, prompt_len: int, safeguard: float = SAFEGUARD) -> int:
+    """The most entries one head can keep under ``adaptive`` head budgets: the layer's ``C · kv_heads`` less the
+    other heads' guaranteed share (a layer width that fits every selection, known before any score)."""
+    return min(prompt_len, budget * kv_heads - (kv_heads - 1) * safeguarded(budget, safeguard))
+
+
 def select_indices(
     scores: torch.Tensor,
     budgets: Sequence[int],
@@ -57,8 +95,11 @@ def select_indices(
     recent: int = 0,
     kernel: int = 1,
     pooling: str = "max",
+    head_budget: HeadBudget = "equal",
+    safeguard: float = SAFEGUARD,
+    width: int | None = None,
 ) -> list[torch.Tensor]:
-    """Top-``C_l`` prompt positions per layer and KV head.
+    """Top-``C_l`` prompt positions per layer and KV head (``adaptive``: ``C_l · kv_heads`` per layer).
 
     Args:
         scores: ``(1, layers, kv_heads, S)``, higher = keep; ``+inf`` marks positions a method always keeps.
@@ -66,10 +107,17 @@ def select_indices(
         sink, recent: the first ``sink`` and last ``recent`` positions are always kept (they count against
             the budget).
         kernel, pooling: optional 1-D pooling of the finite scores (``POOLING_MODES``, odd kernel; 1 = none).
+        head_budget: ``equal`` or ``adaptive`` (AdaKV; see the module docstring).
+        safeguard: under ``adaptive``, the share of ``C_l`` every head keeps (AdaKV's ``alpha_safeguard``).
+        width: under ``adaptive``, pad every layer's rows to this many slots (at least
+            :func:`adaptive_width`) instead of to its widest head's count.
 
     Returns:
-        one ``(1, kv_heads, C_l)`` int64 tensor per layer, positions in ascending (original) order.
+        one ``(1, kv_heads, C_l)`` int64 tensor per layer, positions in ascending (original) order. Under
+        ``adaptive`` a layer's rows are as long as its widest head's count (or ``width``); a shorter head's row
+        ends in ``-1`` padding (gathered as masked slots: :func:`lkv.core.cache.gather_layer`).
     """
+    check_head_budget(head_budget, safeguard)
     if scores.ndim != 4 or scores.shape[0] != 1:
         raise ValueError(f"scores must be (1, layers, kv_heads, S), got shape {tuple(scores.shape)}")
     num_layers, prompt_len = scores.shape[1], scores.shape[3]
@@ -102,5 +150,36 @@ def select_indices(
                 f"layer {layer}: budget {budget} is smaller than the {int(protected_count[0, layer])} positions "
                 "that must be kept (sink, recent window, the method's own window); raise the budget or shrink them"
             )
-        kept.append(order[:, layer, :, :budget].sort(dim=-1).values)
+        if head_budget == "equal":
+            kept.append(order[:, layer, :, :budget].sort(dim=-1).values)
+        else:
+            kept.append(_adaptive(ranked[:, layer], order[:, layer], budget, safeguard, width))
     return kept
+
+
+def _adaptive(
+    ranked: torch.Tensor, order: torch.Tensor, budget: int, safeguard: float, width: int | None
+) -> torch.Tensor:
+    """One layer's AdaKV selection.
+
+    Args:
+        ranked: ``(1, kv_heads, S)`` scores, ``+inf`` on the positions that must be kept.
+        order: ``(1, kv_heads, S)`` each head's positions by decreasing score (ties: earlier first).
+
+    Returns:
+        ``(1, kv_heads, W)`` kept positions, ascending, each row padded with ``-1`` after its head's count.
+    """
+    heads, prompt_len = ranked.shape[1], ranked.shape[2]
+    guaranteed = torch.zeros_like(ranked, dtype=torch.bool)
+    guaranteed.scatter_(-1, order[..., : safeguarded(budget, safeguard)], True)
+    # the top of the flattened layer; ties: the earlier head, then the earlier position (stable sort)
+    flat = ranked.masked_fill(guaranteed, float("inf")).reshape(1, heads * prompt_len)
+    chosen = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, : budget * heads]
+    keep = torch.zeros_like(flat, dtype=torch.bool).scatter_(-1, chosen, True).reshape(ranked.shape)
+    counts = keep.sum(dim=-1)
+    widest = int(counts.max())
+    if width is not None and width < widest:
+        raise ValueError(f"width {width} is below the widest head's {widest} kept entries")
+    positions = torch.arange(prompt_len, device=ranked.device).expand_as(ranked)
+    rows = torch.where(keep, positions, prompt_len).sort(dim=-1).values[..., : width or widest]
+    return rows.masked_fill(rows == prompt_len, -1)

@@ -41,7 +41,7 @@ class TimeToFirstToken(Suite):
             raise ValueError(f"ttft: budget {bench.settings.budget} must be below the prompt length {length}")
         press = bench.press(variant)
         model = press.base_model if isinstance(press, LookaheadKVPress) else bench.model
-        compressor = Compressor(model, None, press, budget=bench.settings.budget)
+        compressor = Compressor(model, bench.tokenizer, press, budget=bench.settings.budget)
         compressor.eos_token_ids = []  # LAQ/SpecKV pseudo responses always run their full length
 
         def run() -> dict[str, float]:
