@@ -11,12 +11,18 @@ eager, flash, ...). The wrapper is a no-op unless a forward pass is given ``lkv_
 capture then computes the block's attention rows itself in fp32, in query chunks, and immediately reduces
 them to ``(batch, kv_heads, S)``: memory is O(L·H_kv·S) for the result plus one chunk of rows for one
 layer at a time — never an S×S matrix, never all layers' attention at once.
+
+``install_capture`` also puts a forward pre-hook on every decoder layer's attention module that hands the
+module's input — the hidden states it projects to queries, keys and values, after the layer's input norm — to
+the captures of the same keyword that read it (``observe_input``): a :class:`HiddenCapture` (a per-token probe
+scores each prompt token from it) or a capture that weights attention rows by it. Without such a capture the
+hook does nothing.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -158,6 +164,67 @@ def _normalise(sums: torch.Tensor) -> torch.Tensor:
     return sums / sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(sums.dtype).tiny)
 
 
+class HiddenCapture:
+    """Collects each layer's attention input during a forward pass given ``lkv_capture=`` it (alone or listed).
+
+    The attention input is what the attention module projects to queries, keys and values: the residual stream
+    after the layer's input norm, ``(batch, Q, hidden)`` (NVIDIA kvpress's ``hidden_states``, which KVzap's probes
+    read). Layer ``l``'s input is observed before its attention runs, so a layer-streamed prefill can read it
+    as soon as the prompt has passed layer ``l``.
+
+    Args:
+        reduce: ``(layer_idx, hidden (batch, Q, hidden)) → tensor``, applied as each layer is observed so that only
+            its result is kept (e.g. a probe's per-token scores instead of every layer's hidden states); ``None``
+            keeps the hidden states themselves.
+    """
+
+    def __init__(self, reduce: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.reduce = reduce
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def observe_input(self, layer_idx: int, hidden: torch.Tensor) -> None:
+        """Keep layer ``layer_idx``'s attention input ``(batch, Q, hidden)`` (or what ``reduce`` makes of it)."""
+        self._kept[layer_idx] = hidden if self.reduce is None else self.reduce(layer_idx, hidden)
+
+    @property
+    def layers(self) -> list[int]:
+        """Indices of the layers observed so far."""
+        return sorted(self._kept)
+
+    def stacked(self, num_layers: int) -> torch.Tensor:
+        """What was kept of every layer, stacked on dim 1: ``(batch, layers, ...)``.
+
+        Raises:
+            RuntimeError: when some layer of ``0..num_layers-1`` was not observed.
+        """
+        if self.layers != list(range(num_layers)):
+            raise RuntimeError(
+                f"attention inputs of layers {self.layers} were captured, expected 0..{num_layers - 1}: was the "
+                f"model prepared with lkv.core.attention.install_capture() and given {CAPTURE_KWARG}=...?"
+            )
+        return torch.stack([self._kept[i] for i in self.layers], dim=1)
+
+    def take(self, layer_idx: int) -> torch.Tensor:
+        """What was kept of layer ``layer_idx``, then dropped (layer-streamed eviction reads each layer once)."""
+        if layer_idx not in self._kept:
+            raise RuntimeError(
+                f"no attention input was captured for layer {layer_idx} (observed so far: {self.layers}); was the "
+                f"forward pass given {CAPTURE_KWARG}=...?"
+            )
+        return self._kept.pop(layer_idx)
+
+
+#: What a forward pass's ``lkv_capture`` keyword may carry (alone or in a list).
+Capture = ImportanceCapture | HiddenCapture
+
+
+def _listed(captures: Capture | Iterable[Capture] | None) -> tuple[Capture, ...]:
+    """The captures of one ``lkv_capture`` keyword value, as a tuple."""
+    if captures is None:
+        return ()
+    return tuple(captures) if isinstance(captures, (list, tuple)) else (captures,)
+
+
 def grouped_attention(
     query: torch.Tensor,
     key32: torch.Tensor,
@@ -227,7 +294,9 @@ def _make_capturing(implementation: str) -> Callable:
         if captures is not None:
             scaling = kwargs.get("scaling")
             scaling = module.scaling if scaling is None else scaling
-            for capture in captures if isinstance(captures, (list, tuple)) else (captures,):
+            for capture in _listed(captures):
+                if not isinstance(capture, ImportanceCapture):
+                    continue  # it reads the attention input (`_observe_attention_input`), not the rows
                 if capture.computes_output and output is None and _plain_softmax(kwargs):
                     output = capture.observe(module.layer_idx, query, key, attention_mask, scaling, value)
                 else:
@@ -266,8 +335,28 @@ def check_attn_implementation(name: str) -> None:
         )
 
 
+def _observe_attention_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of an attention module: hand its input to the captures that read it (``observe_input``)."""
+    captures = _listed(kwargs.get(CAPTURE_KWARG))
+    readers = [capture for capture in captures if hasattr(capture, "observe_input")]
+    if readers:
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        for capture in readers:
+            capture.observe_input(module.layer_idx, hidden)
+
+
+def _install_input_hooks(model: PreTrainedModel) -> None:
+    """Put :func:`_observe_attention_input` on every decoder layer's attention module, once."""
+    for layer in getattr(model.get_decoder(), "layers", ()):
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None and not getattr(attention, "_lkv_input_hook", False):
+            attention.register_forward_pre_hook(_observe_attention_input, with_kwargs=True)
+            attention._lkv_input_hook = True
+
+
 def install_capture(model: PreTrainedModel) -> str:
-    """Route ``model``'s attention through the capturing wrapper of its current implementation.
+    """Route ``model``'s attention through the capturing wrapper of its current implementation, and hand each
+    attention module's input to the captures that read it.
 
     Idempotent. Returns the new implementation name (``lkv_<base>``). Outputs are unchanged: the wrapper
     calls the original implementation and only adds work when ``lkv_capture`` is passed.
@@ -275,6 +364,7 @@ def install_capture(model: PreTrainedModel) -> str:
     Raises:
         ValueError: for an implementation in :data:`REFUSED_ATTENTION` (see :func:`check_attn_implementation`).
     """
+    _install_input_hooks(model)
     current = model.config._attn_implementation
     if current.startswith(_PREFIX):
         return current
