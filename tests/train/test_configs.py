@@ -128,8 +128,14 @@ def header_label_commands(path: Path) -> list[list[str]]:
     return [command[2:] for command in commands]  # without "lkv label"
 
 
-# the embedded default's recipes (smollm2_135m.yaml and the ablations on it) share its header's labels
-PAPER_CONFIGS = [p for p in CONFIGS if own_settings(p).get("model.model") != "smollm2-135m"]
+def base_model(path: Path) -> object:
+    """The config's own base model: ``model.model``, or ``model.init_args.model`` beside a ``class_path``."""
+    settings = own_settings(path)
+    return settings.get("model.model", settings.get("model.init_args.model"))
+
+
+# the embedded default's recipes (smollm2_135m.yaml, the probe and the ablations on it) share its header's labels
+PAPER_CONFIGS = [p for p in CONFIGS if base_model(p) != "smollm2-135m"]
 
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
