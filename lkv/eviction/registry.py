@@ -19,6 +19,7 @@ from lkv.eviction.presses import (
     LookaheadKVPress,
     OraclePress,
     Press,
+    ProbePress,
     PyramidKVPress,
     RandomPress,
     SnapKVPress,
@@ -65,6 +66,14 @@ _REGISTERED = (
         "prefill",
         "the trained lookahead module predicts the future response's attention",
         needs="an adapter (`--adapter`)",
+    ),
+    Method(
+        "probe",
+        ProbePress,
+        "prefill",
+        "a per-token probe (KVzap-style) on each layer's hidden states, trained on the same labels",
+        default=False,
+        needs="a probe (`--probe`)",
     ),
     Method(
         "snapkv",

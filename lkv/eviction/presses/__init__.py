@@ -19,6 +19,7 @@ from lkv.eviction.presses.h2o import H2OPress
 from lkv.eviction.presses.laq import LAQPress
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.oracle import OraclePress
+from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.presses.pyramidkv import PyramidKVPress
 from lkv.eviction.presses.random_press import RandomPress
 from lkv.eviction.presses.snapkv import SnapKVPress
@@ -36,6 +37,7 @@ __all__ = [
     "OraclePress",
     "Press",
     "PressContext",
+    "ProbePress",
     "PyramidKVPress",
     "RandomPress",
     "SnapKVPress",

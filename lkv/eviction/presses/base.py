@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 
-from lkv.core.attention import ImportanceCapture
+from lkv.core.attention import Capture
 
 
 @dataclass
@@ -37,7 +37,7 @@ class PressContext:
     prompt_ids: torch.Tensor
     cache: DynamicCache
     next_logits: torch.Tensor
-    capture: ImportanceCapture | None = None
+    capture: Capture | None = None
     eos_token_ids: list[int] = field(default_factory=list)
 
     @property
@@ -60,7 +60,7 @@ class StreamContext:
     model: PreTrainedModel
     prompt_ids: torch.Tensor
     cache: DynamicCache
-    capture: ImportanceCapture | None = None
+    capture: Capture | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -81,7 +81,7 @@ class Press(ABC):
     # True when layer l's scores depend on layers ≤ l only (layer-streamed eviction: :meth:`layer_scorer`)
     streamable: ClassVar[bool] = False
 
-    def prefill_capture(self, prompt_len: int) -> ImportanceCapture | None:
+    def prefill_capture(self, prompt_len: int) -> Capture | None:
         """Capture to attach to the prompt's prefill, or ``None``."""
         return None
 
