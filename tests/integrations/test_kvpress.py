@@ -20,7 +20,7 @@ from lkv.integrations.kvpress import LkvPress, lookahead_press  # noqa: E402
 from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt  # noqa: E402
 
-UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
+UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv", "probe"]
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
