@@ -154,3 +154,13 @@ def test_paper_configs_label_each_source_into_the_folders_they_train_on(path, ca
         assert (printed["response_tokens"], printed["store_scores"]) == (512, False)
         outputs.append(printed["output"])
     assert outputs == [*data["train"], data["val"]] and len(data["train"]) == 4
+
+
+def test_a_config_that_includes_the_probe_trains_the_probe(tmp_path):
+    # the module class comes from `model.class_path`, found through the include
+    config = tmp_path / "linear_probe.yaml"
+    config.write_text(f"config: {ROOT / 'configs' / 'probe_smollm2.yaml'}\nmodel.init_args.hidden_dim: 0\n")
+    resolved = resolved_fit_config(config)
+    assert resolved["model"]["class_path"] == "lkv.train.probe_module.ProbeModule"
+    assert resolved["model"]["init_args"]["hidden_dim"] == 0
+    assert resolved["model"]["init_args"]["lr"] == 5e-3  # the included recipe's

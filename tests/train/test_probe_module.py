@@ -24,7 +24,7 @@ from lkv.train.callbacks import ImportanceImages
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.export import load_checkpoint, resolve_probe
 from lkv.train.probe_module import ProbeModule
-from tests.cli.conftest import make_workspace
+from tests.cli.conftest import fit_settings, make_workspace
 from tests.conftest import build_tiny_model
 
 TINY_PROBE = {"hidden_dim": 8, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
@@ -153,29 +153,14 @@ def test_a_probe_for_another_shape_is_refused(make_tiny_model, tmp_path):
 
 
 def probe_config(root, run, max_steps: int) -> dict:
-    return {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu",
-            "default_root_dir": str(run),  # where LightningCLI writes its config.yaml
-            "max_steps": max_steps,
-            "num_sanity_val_steps": 0,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "logger": False,
-            "callbacks": [
-                {
-                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                    "init_args": {"dirpath": str(run / "checkpoints"), "save_last": True},
-                }
-            ],
-        },
-        "model": {
-            "class_path": "lkv.train.probe_module.ProbeModule",
-            "init_args": {"model": str(root / "model"), **TINY_PROBE, "eval_budgets": [4, 8]},
-        },
-        "data": {"train": str(root / "train"), "val": str(root / "train")},
+    """The whole-command tests' tiny fit config (a checkpoint every step), training the probe instead."""
+    settings = fit_settings(root, run, max_steps)
+    settings["model"] = {
+        "class_path": "lkv.train.probe_module.ProbeModule",
+        "init_args": {"model": str(root / "model"), **TINY_PROBE, "eval_budgets": [4, 8]},
     }
+    settings["data"]["val"] = str(root / "train")
+    return settings
 
 
 def test_lkv_fit_export_and_generate_with_a_probe(tmp_path, capsys):
