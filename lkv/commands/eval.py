@@ -57,8 +57,9 @@ def evaluate(
         progress: show progress bars.
         title: report title (default: the output folder's name).
         streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
-            streamingllm, random, lookaheadkv, probe): each (prompt, budget) gets its own prefill in which every layer is
-            cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
+            streamingllm, random, lookaheadkv, probe): each (prompt, budget) gets its own prefill in which
+            every layer is cut to its budget before the next one runs; same answers, one layer's full K/V at a
+            time.
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
             at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).

@@ -69,8 +69,8 @@ def generate(
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
         streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
-            probe): each layer is cut to its budget as soon as the prefill has produced it, so only one layer's full K/V lives
-            at a time; the same answer. Other methods keep the two-phase path.
+            probe): each layer is cut to its budget as soon as the prefill has produced it, so only one
+            layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")

@@ -165,17 +165,17 @@ def _normalise(sums: torch.Tensor) -> torch.Tensor:
 
 
 class HiddenCapture:
-    """Collects each layer's attention input during a forward pass given ``lkv_capture=`` it (alone or listed).
+    """Collects each layer's attention input during a forward pass given it as (or in) ``lkv_capture=``.
 
     The attention input is what the attention module projects to queries, keys and values: the residual stream
-    after the layer's input norm, ``(batch, Q, hidden)`` (NVIDIA kvpress's ``hidden_states``, which KVzap's probes
-    read). Layer ``l``'s input is observed before its attention runs, so a layer-streamed prefill can read it
-    as soon as the prompt has passed layer ``l``.
+    after the layer's input norm, ``(batch, Q, hidden)`` (NVIDIA kvpress's ``hidden_states``, which KVzap's
+    probes read). Layer ``l``'s input is observed before its attention runs, so a layer-streamed prefill can
+    read it as soon as the prompt has passed layer ``l``.
 
     Args:
-        reduce: ``(layer_idx, hidden (batch, Q, hidden)) → tensor``, applied as each layer is observed so that only
-            its result is kept (e.g. a probe's per-token scores instead of every layer's hidden states); ``None``
-            keeps the hidden states themselves.
+        reduce: ``(layer_idx, hidden (batch, Q, hidden)) → tensor``, applied as each layer is observed so that
+            only its result is kept (e.g. a probe's per-token scores instead of every layer's hidden states);
+            ``None`` keeps the hidden states themselves.
     """
 
     def __init__(self, reduce: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> None:
@@ -183,7 +183,7 @@ class HiddenCapture:
         self._kept: dict[int, torch.Tensor] = {}
 
     def observe_input(self, layer_idx: int, hidden: torch.Tensor) -> None:
-        """Keep layer ``layer_idx``'s attention input ``(batch, Q, hidden)`` (or what ``reduce`` makes of it)."""
+        """Keep one layer's attention input ``(batch, Q, hidden)`` (or what ``reduce`` makes of it)."""
         self._kept[layer_idx] = hidden if self.reduce is None else self.reduce(layer_idx, hidden)
 
     @property
@@ -199,17 +199,17 @@ class HiddenCapture:
         """
         if self.layers != list(range(num_layers)):
             raise RuntimeError(
-                f"attention inputs of layers {self.layers} were captured, expected 0..{num_layers - 1}: was the "
-                f"model prepared with lkv.core.attention.install_capture() and given {CAPTURE_KWARG}=...?"
+                f"attention inputs of layers {self.layers} were captured, expected 0..{num_layers - 1}: was "
+                f"the model prepared with lkv.core.attention.install_capture() and given {CAPTURE_KWARG}=...?"
             )
         return torch.stack([self._kept[i] for i in self.layers], dim=1)
 
     def take(self, layer_idx: int) -> torch.Tensor:
-        """What was kept of layer ``layer_idx``, then dropped (layer-streamed eviction reads each layer once)."""
+        """What was kept of one layer, then dropped (layer-streamed eviction reads each layer once)."""
         if layer_idx not in self._kept:
             raise RuntimeError(
-                f"no attention input was captured for layer {layer_idx} (observed so far: {self.layers}); was the "
-                f"forward pass given {CAPTURE_KWARG}=...?"
+                f"no attention input was captured for layer {layer_idx} (observed so far: {self.layers}); "
+                f"was the forward pass given {CAPTURE_KWARG}=...?"
             )
         return self._kept.pop(layer_idx)
 
@@ -336,7 +336,7 @@ def check_attn_implementation(name: str) -> None:
 
 
 def _observe_attention_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of an attention module: hand its input to the captures that read it (``observe_input``)."""
+    """Forward pre-hook of an attention module: hand its input to the captures with ``observe_input``."""
     captures = _listed(kwargs.get(CAPTURE_KWARG))
     readers = [capture for capture in captures if hasattr(capture, "observe_input")]
     if readers:

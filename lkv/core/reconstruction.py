@@ -1,21 +1,24 @@
-"""KVzip+ importance: what a "repeat the context" pass draws from each prompt KV pair (KVzap's training target).
+"""KVzip+ importance: what a "repeat the context" pass draws from each prompt KV pair (KVzap's target).
 
 KVzip (arXiv:2505.23416) scores a prompt's KV pairs by the attention the model pays them while it reconstructs
-the prompt: on top of the prompt's cache it runs a block ``"\\n\\nRepeat the previous context exactly."`` + the
-chat template's closing + the prompt's own tokens, teacher-forced. KVzap (arXiv:2601.07891; NVIDIA kvpress's
-``kvzap/data.py``) trains its per-token probes to regress the log of the *KVzip+* score, which weights each
-probability by what the key's value adds to the layer's output relative to the size of the query's input:
+the prompt: on top of the prompt's cache it runs a block ``"\\n\\nRepeat the previous context exactly."`` +
+the chat template's closing + the prompt's own tokens, teacher-forced. KVzap (arXiv:2601.07891; NVIDIA
+kvpress's ``kvzap/data.py``) trains its per-token probes to regress the log of the *KVzip+* score, which
+weights each probability by what the key's value adds to the layer's output relative to the size of the
+query's input:
 
     s⁺[l, h, j] = log max over the query heads q of KV head h and the repeated tokens t of
                   a_l[q, t, j] · ‖v_l[h, j] W_o,l^q‖ / ‖x_l[t]‖
 
-with ``a`` the softmax attention of reconstruction query ``t`` on prompt key ``j`` (over every key, the block's
-included), ``W_o^q`` the output projection's slice of query head ``q`` and ``x_l[t]`` the attention input of
-query ``t`` (after the layer's input norm). Only the repeated tokens' queries count, not the instruction's.
+with ``a`` the softmax attention of reconstruction query ``t`` on prompt key ``j`` (over every key, the
+block's included), ``W_o^q`` the output projection's slice of query head ``q`` and ``x_l[t]`` the attention
+input of query ``t`` (after the layer's input norm). Only the repeated tokens' queries count, not the
+instruction's.
 
-Here the repeated tokens are the whole prompt as it was prefilled (chat template tokens included), so every one
-of its ``S`` positions gets a score; kvpress repeats the context between the template's opening and closing and
-cuts contexts longer than 2K tokens into chunks, which lkv's ~1K-token training prompts do not need.
+Here the repeated tokens are the whole prompt as it was prefilled (chat template tokens included), so every
+one of its ``S`` positions gets a score; kvpress repeats the context between the template's opening and
+closing and cuts contexts longer than 2K tokens into chunks, which lkv's ~1K-token training prompts do not
+need.
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ REPEAT_INSTRUCTION = "Repeat the previous context exactly."
 
 
 def reconstruction_block(tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequence[int]) -> list[int]:
-    """The tokens appended to a prompt's cache to score it: the repeat instruction as a new turn (a blank line,
-    :data:`REPEAT_INSTRUCTION`, the chat template's closing), then the prompt's own ``S`` tokens again."""
+    """The tokens appended to a prompt's cache to score it: the repeat instruction as a new turn (a blank
+    line, :data:`REPEAT_INSTRUCTION`, the chat template's closing), then the prompt's own ``S`` tokens
+    again."""
     return encode_question(tokenizer, REPEAT_INSTRUCTION) + [int(i) for i in prompt_ids]
 
 
 class ReconstructionCapture(ImportanceCapture):
-    """Per layer and query head, the largest ``a[q, t, j] / ‖x[t]‖`` over the last ``last_queries`` block queries.
+    """Per layer and query head, the largest ``a[q, t, j] / ‖x[t]‖`` over the last ``last_queries`` queries.
 
     It reads both the attention rows (:meth:`observe`) and the attention input (:meth:`observe_input`, called
     first by the hook of :func:`~lkv.core.attention.install_capture`). The parent's running sums stay empty:
@@ -69,11 +73,11 @@ class ReconstructionCapture(ImportanceCapture):
         scaling: float,
         value: torch.Tensor | None = None,
     ) -> None:
-        """Running maximum over the block's repeated queries (shapes as in :meth:`ImportanceCapture.observe`)."""
+        """Running maximum over the repeated queries (shapes as in :meth:`ImportanceCapture.observe`)."""
         if layer_idx not in self._inverse_norms:
             raise RuntimeError(
-                f"layer {layer_idx}: no attention input was observed before its attention; was the model prepared "
-                "with lkv.core.attention.install_capture()?"
+                f"layer {layer_idx}: no attention input was observed before its attention; was the model "
+                "prepared with lkv.core.attention.install_capture()?"
             )
         inverse = self._inverse_norms.pop(layer_idx)
         first = self.first_query(layer_idx, query, key)
@@ -92,22 +96,22 @@ class ReconstructionCapture(ImportanceCapture):
         self._maxima[layer_idx] = best
 
     def maxima(self, layer_idx: int) -> torch.Tensor:
-        """``(batch, kv_heads, group, S)``: ``max_t a[q, t, j] / ‖x[t]‖`` of layer ``layer_idx`` per query head."""
+        """``(batch, kv_heads, group, S)``: ``max_t a[q, t, j] / ‖x[t]‖`` of one layer, per query head."""
         if layer_idx not in self._maxima:
             raise RuntimeError(f"layer {layer_idx} was not observed (observed: {sorted(self._maxima)})")
         return self._maxima[layer_idx]
 
 
 def output_norms(attention: nn.Module, values: torch.Tensor) -> torch.Tensor:
-    """``‖v[h, j] W_o^q‖`` for every query head ``q`` of KV head ``h``: what value ``j`` adds to the layer's output.
+    """``‖v[h, j] W_o^q‖`` for each query head ``q`` of KV head ``h``: what value ``j`` adds to the output.
 
     Args:
         attention: the layer's attention module (its ``o_proj`` maps ``heads · head_dim → hidden``).
         values: ``(batch, kv_heads, S, head_dim)``.
 
     Returns:
-        ``(batch, kv_heads, group, S)`` fp32, computed through the ``(head_dim, head_dim)`` Gram matrix of each
-        head's slice of ``W_o`` (never a ``(heads, S, hidden)`` tensor).
+        ``(batch, kv_heads, group, S)`` fp32, computed through the ``(head_dim, head_dim)`` Gram matrix of
+        each head's slice of ``W_o`` (never a ``(heads, S, hidden)`` tensor).
     """
     batch, kv_heads, _, head_dim = values.shape
     weight = attention.o_proj.weight.float()  # (hidden, heads · head_dim)

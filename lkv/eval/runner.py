@@ -82,8 +82,8 @@ def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str,
     """Prefill ``ids`` once with the captures of all ``presses``.
 
     Presses asking for the same attention capture (same kind, key count and query window) share one object: a
-    press only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of their
-    own). A probe's capture of the attention input is its own (it keeps only that probe's scores).
+    press only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of
+    their own). A probe's capture of the attention input is its own (it keeps only that probe's scores).
     """
     unique: dict[tuple[type, int, int | None] | int, Capture] = {}
     captures: dict[str, Capture | None] = {}

@@ -1,18 +1,18 @@
-"""A learned per-token importance probe (KVzap-style): one small network per layer on each token's attention input.
+"""A learned per-token importance probe (KVzap-style): per layer a small network on each token's hidden state.
 
-KVzap (arXiv:2601.07891; NVIDIA kvpress's ``KVzapPress`` and ``kvzap/train.py``) predicts, for every prompt token
-and KV head, how much the token's KV pair will be needed, from that token's hidden state alone: per layer ``l`` a
-linear layer or a one-hidden-layer MLP maps the attention input ``x_l[j]`` (the hidden state after the layer's
-input norm, the input of its q/k/v projections) to one logit per KV head,
+KVzap (arXiv:2601.07891; NVIDIA kvpress's ``KVzapPress`` and ``kvzap/train.py``) predicts, for every prompt
+token and KV head, how much the token's KV pair will be needed, from that token's hidden state alone: per
+layer ``l`` a linear layer or a one-hidden-layer MLP maps the attention input ``x_l[j]`` (the hidden state
+after the layer's input norm, the input of its q/k/v projections) to one logit per KV head,
 
     z[l, h, j] = f_l(x_l[j])[h],      f_l = Linear(hidden → kv_heads)
                                         or Linear(hidden → hidden_dim) → GELU → Linear(hidden_dim → kv_heads)
 
-(KVzap's ``linear`` and ``mlp`` models; its MLP has ``hidden_dim = 512``). A prompt token's hidden state sees only
-the tokens before it, so the probe is question-agnostic by construction, and it costs one small matrix product
-per layer during the prefill. The scores are ``softmax over S`` of the logits per (layer, KV head): the predicted
-importance distribution, trained against s_GT with the KL loss of LookaheadKV (``target: labels``) or, as
-KVzap trains it, by regressing the logits on the KVzip+ log-scores (``target: kvzip``,
+(KVzap's ``linear`` and ``mlp`` models; its MLP has ``hidden_dim = 512``). A prompt token's hidden state sees
+only the tokens before it, so the probe is question-agnostic by construction, and it costs one small matrix
+product per layer during the prefill. The scores are ``softmax over S`` of the logits per (layer, KV head):
+the predicted importance distribution, trained against s_GT with the KL loss of LookaheadKV (``target:
+labels``) or, as KVzap trains it, by regressing the logits on the KVzip+ log-scores (``target: kvzip``,
 :mod:`lkv.core.reconstruction`).
 
 An exported folder (:meth:`ImportanceProbe.save`) holds::
@@ -45,7 +45,7 @@ class ProbeConfig:
     """Settings of a probe, stored as ``probe.json`` beside its weights.
 
     Attributes:
-        num_layers, hidden_size, num_kv_heads: the base model's shape (one network per layer, hidden → KV heads).
+        num_layers, hidden_size, num_kv_heads: the base model's shape (per layer a network hidden → KV heads).
         hidden_dim: width of the MLP's hidden layer; 0 for a linear probe.
         target: what it was trained on: ``labels`` (s_GT, KL) or ``kvzip`` (KVzip+ log-scores, MSE).
         seed: seed of the initial weights.
@@ -68,7 +68,7 @@ def read_probe_config(folder: str | Path) -> ProbeConfig:
     """The :class:`ProbeConfig` of an exported probe folder.
 
     Raises:
-        FileNotFoundError: without ``probe.json``, saying what the folder holds instead (a LookaheadKV adapter).
+        FileNotFoundError: without ``probe.json``, naming what the folder holds instead (an adapter).
         ValueError: for a malformed ``probe.json``.
     """
     folder = Path(folder)
@@ -89,8 +89,8 @@ def read_probe_config(folder: str | Path) -> ProbeConfig:
 class ImportanceProbe(nn.Module):
     """One network per layer: attention input ``(batch, S, hidden)`` → logits ``(batch, kv_heads, S)``.
 
-    Build with :meth:`create` (training) or :meth:`load` (an exported folder). The weights are float32 whatever
-    the base model's dtype; hidden states are cast to float32 first.
+    Build with :meth:`create` (training) or :meth:`load` (an exported folder). The weights are float32
+    whatever the base model's dtype; hidden states are cast to float32 first.
     """
 
     def __init__(self, config: ProbeConfig) -> None:
@@ -132,8 +132,8 @@ class ImportanceProbe(nn.Module):
 
     @classmethod
     def load(cls, folder: str | Path, model: PreTrainedModel) -> ImportanceProbe:
-        """Rebuild a probe saved by :meth:`save` (an ``lkv export`` folder) for ``model``: its shape checked, the
-        weights on its device, frozen."""
+        """Rebuild a probe saved by :meth:`save` (an ``lkv export`` folder) for ``model``: its shape checked,
+        the weights on its device, frozen."""
         folder = Path(folder)
         config = read_probe_config(folder)
         probe = cls(config)
@@ -163,7 +163,7 @@ class ImportanceProbe(nn.Module):
         (folder / PROBE_CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
 
     def check_model(self, model: PreTrainedModel, where: str = "the probe") -> None:
-        """Raise a clear error unless ``model`` has the layers, hidden size and KV heads the probe was built for."""
+        """Raise a clear error unless ``model`` has the layers, hidden size and KV heads of the probe."""
         config = model.config.get_text_config()
         found = (
             config.num_hidden_layers,
@@ -182,5 +182,5 @@ class ImportanceProbe(nn.Module):
         return self.layers[layer_idx](hidden.float()).transpose(1, 2)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits of every layer: ``hidden (batch, layers, S, hidden)`` → ``(batch, layers, kv_heads, S)`` float32."""
+        """All layers' logits: ``hidden (batch, layers, S, hidden)`` → ``(batch, layers, kv_heads, S)``."""
         return torch.stack([self.layer_logits(i, hidden[:, i]) for i in range(len(self.layers))], dim=1)

@@ -8,8 +8,8 @@ from one prefill: :meth:`ImportanceModule.prefill_sample`) and :meth:`Importance
 Everything else is here, so the modules train, validate, log and checkpoint alike and their runs compare in
 TensorBoard:
 
-- training: ``train/loss`` = mean over samples of :meth:`ImportanceModule.loss` (by default mean over (layer, KV
-  head) of KL(s_GT ‖ predicted), docs/design.md §1) and ``train/prompt_tokens``;
+- training: ``train/loss`` = mean over samples of :meth:`ImportanceModule.loss` (by default mean over
+  (layer, KV head) of KL(s_GT ‖ predicted), docs/design.md §1) and ``train/prompt_tokens``;
 - validation and test: ``val/kl``, ``val/recall@C``, ``val/kendall_tau`` and SnapKV's reference line
   ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau`` from an observation-window capture of the same prefill;
   a fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`);
@@ -69,7 +69,7 @@ class ImportanceModule(L.LightningModule):
 
     Attributes:
         share_prefill: return each step's prefills in its outputs (``outputs["prefills"]``, for sibling
-            lookahead modules: :class:`lkv.train.ablation.LookaheadAblation`); off, the caches are freed at once.
+            lookahead modules: :class:`lkv.train.ablation.LookaheadAblation`); off, caches are freed at once.
         prediction_name: what the predicted importance is called in plots (``val/importance``).
     """
 
@@ -219,8 +219,8 @@ class ImportanceModule(L.LightningModule):
         return self.optimizer_for(list(self.trainable_parameters().values()))
 
     def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
-        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser dict);
-        sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
+        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser
+        dict); sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
         hp = self.hparams
         optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         if hp.scheduler == "cosine":

@@ -1,12 +1,12 @@
-"""A training checkpoint → a standalone folder (the only place that reads ``.ckpt``): a lookahead adapter, or a
-per-token probe.
+"""A training checkpoint → a standalone adapter or probe folder (the only place that reads ``.ckpt``).
 
 The checkpoint holds only the trainable weights and the module's hyper-parameters; export rebuilds the
 module on its base model (peft needs the model to name the LoRA weights), loads the weights and writes
 :meth:`lkv.model.lookahead.LookaheadAdapter.save`'s folder, or :meth:`lkv.model.probe.ImportanceProbe.save`'s
 for a probe checkpoint (:class:`lkv.train.probe_module.ProbeModule`, whose trainable weights are ``probe.*``).
 Loading either folder back needs only the base model and no Lightning: ``LookaheadAdapter.load(folder,
-base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation stages do.
+base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation
+stages do.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from lkv.train.base import ImportanceModule
 from lkv.train.module import LookaheadKVModule
 from lkv.train.probe_module import ProbeModule
 
-# `resolve_adapter` exports a checkpoint `X.ckpt` to this sibling folder `X-adapter/`, `resolve_probe` to `X-probe/`.
+# `resolve_adapter` exports a checkpoint `X.ckpt` to the sibling folder `X-adapter/`, `resolve_probe`
+# to `X-probe/`.
 EXPORT_SUFFIX = "-adapter"
 PROBE_EXPORT_SUFFIX = "-probe"
 
@@ -61,8 +62,8 @@ def export_checkpoint(
 
 
 def _exported(path: Path, suffix: str, marker: str, model: str | None, what: str) -> Path:
-    """``path`` if it is a folder, else the checkpoint ``path`` exported (once, again when newer) to the sibling
-    folder ``<stem><suffix>/`` whose ``marker`` file says it is done."""
+    """``path`` if it is a folder, else the checkpoint ``path`` exported (once, again when newer) to the
+    sibling folder ``<stem><suffix>/`` whose ``marker`` file says it is done."""
     if path.is_dir():
         return path
     if not path.is_file():
@@ -85,6 +86,6 @@ def resolve_adapter(adapter: str | Path, model: str | None = None) -> Path:
 
 
 def resolve_probe(probe: str | Path, model: str | None = None) -> Path:
-    """A probe folder for ``probe``: the folder itself, or a probe ``.ckpt`` exported to ``<stem>-probe/`` (once,
-    again whenever the checkpoint is newer), as :func:`resolve_adapter` does for adapters."""
+    """A probe folder for ``probe``: the folder itself, or a probe ``.ckpt`` exported to ``<stem>-probe/``
+    (once, again whenever the checkpoint is newer), as :func:`resolve_adapter` does for adapters."""
     return _exported(Path(probe), PROBE_EXPORT_SUFFIX, PROBE_CONFIG_FILE, model, "probe")

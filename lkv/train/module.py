@@ -16,8 +16,8 @@ frozen LLM is reloaded by :meth:`configure_model`. All of this is shared with th
 (:mod:`lkv.train.probe_module`) through :class:`lkv.train.base.ImportanceModule`.
 
 With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.train.ablation.LookaheadAblation`), the
-training and validation steps also return every sample's prefill as a :class:`~lkv.train.base.SharedPrefill` (``outputs
-["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
+training and validation steps also return every sample's prefill as a :class:`~lkv.train.base.SharedPrefill`
+(``outputs["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-token probe's LightningModule (KVzap-style): the same labels, loss, metrics and checkpoints as LookaheadKV.
+"""The per-token probe's LightningModule (KVzap-style): LookaheadKV's labels, loss, metrics and checkpoints.
 
 Per sample:
 
@@ -36,11 +36,11 @@ from lkv.train.datamodule import Sample
 
 
 class ProbeModule(ImportanceModule):
-    """Trains a per-layer linear or MLP probe on a frozen LLM's hidden states to predict each token's importance.
+    """Trains a per-layer linear or MLP probe on a frozen LLM's hidden states to predict token importance.
 
     Args:
         model: base LLM: embedded short name (``smollm2-135m``), local folder, ``.gguf`` file or hub id.
-        dtype: weights dtype of the frozen LLM (``float32`` on CPU, ``bfloat16`` on GPU); the probe is float32.
+        dtype: weights dtype of the frozen LLM (``float32`` on CPU, ``bfloat16`` on GPU); the probe's: fp32.
         attn_implementation: attention of the frozen LLM: ``sdpa`` or ``eager``.
         hidden_dim: the MLP's hidden width (KVzap: 512); 0 for a linear probe (KVzap's ``linear``).
         target: ``labels`` (KL to s_GT) or ``kvzip`` (MSE to the KVzip+ log-scores, KVzap's recipe).
@@ -101,8 +101,8 @@ class ProbeModule(ImportanceModule):
         """Predicted and true importance of one sample from one prefill.
 
         Returns:
-            ``logits`` and ``pred`` (their softmax over ``S``) and ``target`` (s_GT), ``(layers, kv_heads, S)``;
-            ``cache``, the prompt's cache; with ``snapkv``, also ``snapkv_window`` (as LookaheadKV's).
+            ``logits`` and ``pred`` (their softmax over ``S``) and ``target`` (s_GT), ``(layers, kv_heads,
+            S)``; ``cache``, the prompt's cache; with ``snapkv``, also ``snapkv_window`` (as LookaheadKV's).
         """
         hidden = HiddenCapture()
         prompt, window = self.prefill_sample(self.backbone, sample, snapkv, [hidden])

@@ -134,7 +134,7 @@ def base_model(path: Path) -> object:
     return settings.get("model.model", settings.get("model.init_args.model"))
 
 
-# the embedded default's recipes (smollm2_135m.yaml, the probe and the ablations on it) share its header's labels
+# the embedded default's recipes (smollm2_135m.yaml, the probe, the ablations on it) share its header's labels
 PAPER_CONFIGS = [p for p in CONFIGS if base_model(p) != "smollm2-135m"]
 
 

@@ -45,7 +45,7 @@ def configured(**overrides) -> ProbeModule:
 
 
 def synthetic_batch(lengths=(24, 31)) -> list[dict]:
-    """Prompts with peaked random targets (3 layers, 2 KV heads): far from what an untrained probe predicts."""
+    """Prompts with peaked random targets (3 layers, 2 KV heads): far from an untrained probe's scores."""
     gen = torch.Generator().manual_seed(0)
     return [
         {

@@ -13,13 +13,14 @@ from lkv.model.probe import ImportanceProbe
 
 
 class ProbePress(Press):
-    """Scores = softmax over ``S`` of the probe's logits on each layer's attention input (:mod:`lkv.model.probe`).
+    """Scores = softmax over ``S`` of the probe's logits on each layer's attention input (lkv.model.probe).
 
     KVzap (arXiv:2601.07891; NVIDIA kvpress's ``KVzapPress``) with lkv's selector: the top-``C`` per KV head
-    instead of kvpress's score threshold (``DMSPress``), so budgets match every other method. The probe runs on
-    each layer's input inside the prefill's pre-attention hook (:class:`~lkv.core.attention.HiddenCapture`),
-    so only its ``(1, kv_heads, S)`` scores are kept per layer, and layer ``l``'s scores are ready as soon as
-    the prompt has passed layer ``l`` (layer-streamed eviction). No tokens are appended to the cache.
+    instead of kvpress's score threshold (``DMSPress``), so budgets match every other method. The probe runs
+    on each layer's input inside the prefill's pre-attention hook
+    (:class:`~lkv.core.attention.HiddenCapture`), so only its ``(1, kv_heads, S)`` scores are kept per layer,
+    and layer ``l``'s scores are ready as soon as the prompt has passed layer ``l`` (layer-streamed eviction).
+    No tokens are appended to the cache.
     """
 
     name = "probe"
