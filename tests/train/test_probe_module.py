@@ -2,6 +2,7 @@
 independent forward, and `lkv fit` → `lkv export` → press / `lkv generate` through the real entry points."""
 
 import json
+import re
 
 import lightning as L
 import pytest
@@ -171,6 +172,15 @@ def test_lkv_fit_export_and_generate_with_a_probe(tmp_path, capsys):
     lkv_main(["fit", "--config", str(config)])
     ckpt = run / "checkpoints" / "last.ckpt"
     assert all(key.startswith("probe.") for key in torch.load(ckpt, weights_only=False)["state_dict"])
+    # the same command resumes from last.ckpt (here to a 4th step); other probe settings are refused
+    lkv_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "4"])
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 4
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        lkv_main(["fit", "--config", str(config), "--ckpt_path", "last", "--model.init_args.hidden_dim", "4"])
+    assert re.search(
+        r"lkv fit: error: .*belongs to a different run.*model\.hidden_dim: 8 vs 4", capsys.readouterr().err
+    )
 
     lkv_main(["export", "--ckpt", str(ckpt), "--output", str(tmp_path / "probe")])
     assert "exported the MLP hidden 8 probe (3 layers, target labels)" in capsys.readouterr().out
