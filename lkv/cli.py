@@ -26,7 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "label": ("lkv.commands.label:label", "generate responses and ground-truth importance label shards"),
     "export": (
         "lkv.commands.export:export",
-        "write a trained lookahead module as a standalone adapter folder",
+        "write a trained lookahead module (or probe) as a standalone folder",
     ),
     "generate": ("lkv.commands.generate:generate", "compress a prompt's KV cache and generate"),
     "eval": ("lkv.commands.eval:evaluate", "methods × budgets × tasks evaluation with reports"),

@@ -25,6 +25,7 @@ def bench(
     window: int = 32,
     num_lookahead: int = 32,
     lora_rank: int = 8,
+    probe_hidden: int = 512,
     draft_tokens: int = 8,
     draft_layers: int | None = None,
     response_tokens: int = 64,
@@ -56,11 +57,13 @@ def bench(
         attn_implementation: attention of the model (``sdpa``, ``eager``, ``flash_attention_2``).
         threads: ``torch.set_num_threads`` for every variant and memory subprocess (default: torch's).
         memory: also measure peak memory (train-step, label, prefill-memory).
-        methods: ttft methods besides the plain prefill (default: snapkv, lookaheadkv, laq, speckv).
+        methods: ttft methods besides the plain prefill (default: snapkv, lookaheadkv, laq, speckv; also any
+            registered prefill method, e.g. ``probe``, a randomly initialised per-token probe).
         budget: KV entries kept per head (ttft, decode; LAQ's draft cache too).
         window: observation window of SnapKV, LAQ and SpecKV.
         num_lookahead: LookaheadKV's M (train-step, ttft).
         lora_rank: LookaheadKV's LoRA rank.
+        probe_hidden: the per-token probe's MLP width (``probe``, ttft; 0: a linear probe).
         draft_tokens: pseudo-response tokens of LAQ and SpecKV.
         draft_layers: layers of SpecKV's self-speculative draft (default: a quarter of the model's).
         response_tokens: R, the response length of the label benchmark.
@@ -92,6 +95,7 @@ def bench(
         window=window,
         num_lookahead=num_lookahead,
         lora_rank=lora_rank,
+        probe_hidden=probe_hidden,
         draft_tokens=draft_tokens,
         draft_layers=draft_layers,
         response_tokens=response_tokens,

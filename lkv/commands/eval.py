@@ -15,11 +15,11 @@ from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint, 
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
-from lkv.eviction.presses import OraclePress, Press
+from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.selector import HeadBudget
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
-from lkv.train.export import resolve_adapter
+from lkv.train.export import resolve_adapter, resolve_probe
 
 # run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
 TEMPLATE_KEY = "chat_template_kwargs"
@@ -33,6 +33,7 @@ def evaluate(
     output: str = "reports/eval",
     model: str = "smollm2-135m",
     adapter: str | None = None,
+    probe: str | None = None,
     press_args: dict[str, dict[str, Any]] | None = None,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
@@ -58,6 +59,7 @@ def evaluate(
         model: embedded short name, local folder, ``.gguf`` file or hub id.
         adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
             checkpoint (``.ckpt``).
+        probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
@@ -65,8 +67,9 @@ def evaluate(
         progress: show progress bars.
         title: report title (default: the output folder's name).
         streamed: layer-streamed eviction for the methods that allow it (snapkv, pyramidkv, tova, h2o,
-            streamingllm, random, lookaheadkv, expected_attention, keydiff): each (prompt, budget) gets its own prefill in which every layer is
-            cut to its budget before the next one runs; same answers, one layer's full K/V at a time.
+            streamingllm, random, lookaheadkv, expected_attention, keydiff, probe): each (prompt, budget) gets
+            its own prefill in which every layer is cut to its budget before the next one runs; same answers,
+            one layer's full K/V at a time.
         batch_size: answers decoded together for the methods whose cache is fixed after eviction (all but the
             decode-time ones), and (sample, setting) pairs prefilled per chunk (their full caches are held
             at once); the same answers as 1, which decodes one at a time. Default 8 (docs/performance.md).
@@ -95,17 +98,20 @@ def evaluate(
             f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
             f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
         )
+    if ("probe" in methods) != (probe is not None):
+        raise ValueError("--probe is required by the probe method and used by no other method")
     press_args = dict(press_args or {})
-    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
+    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv", "probe"}))
     if unused:
         raise ValueError(
             f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-            "FullKV answer) and lookaheadkv (settings come from its adapter) take settings"
+            "FullKV answer), lookaheadkv and probe (settings come from their folders) take settings"
         )
     out = Path(output)
     run_info = {
         "model": model,
         "adapter": None if adapter is None else fingerprint(adapter),
+        "probe": None if probe is None else fingerprint(probe),
         "press_args": press_args,
         "dtype": dtype,
         TEMPLATE_KEY: template_kwargs(enable_thinking),
@@ -128,6 +134,8 @@ def evaluate(
     for method in methods:
         if method == "lookaheadkv":
             presses[method] = lookahead
+        elif method == "probe":
+            presses[method] = ProbePress.from_folder(resolve_probe(probe, model), net)
         elif method == "oracle":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
         else:

@@ -1,4 +1,4 @@
-"""`lkv export`: a training checkpoint → a standalone adapter folder."""
+"""`lkv export`: a training checkpoint → a standalone adapter (LookaheadKV) or probe folder."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from lkv.train.export import export_checkpoint
 
 
 def export(ckpt: str, output: str, model: str | None = None, dtype: str | None = None) -> str:
-    """Write a trained lookahead module (peft adapter files + embeddings + ``lookahead.json``) to a folder.
+    """Write a trained module to a folder: a lookahead module (peft adapter files + embeddings +
+    ``lookahead.json``, for ``--adapter``) or a per-token probe (``probe.json`` + ``probe.safetensors``, for
+    ``--probe``), whichever the checkpoint holds.
 
     Args:
         ckpt: a checkpoint written by `lkv fit` (e.g. ``runs/smollm2_135m/checkpoints/last.ckpt``).
-        output: folder to write (created; existing adapter files are overwritten).
+        output: folder to write (created; existing files of the same names are overwritten).
         model: load the base model from here instead of the checkpoint's ``model`` (e.g. a local copy of
             the same hub model); it must be the same model.
         dtype: base model dtype while exporting (default: the checkpoint's); does not change the saved

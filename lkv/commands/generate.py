@@ -7,10 +7,12 @@ from pathlib import Path
 
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
+from lkv.eviction.presses import ProbePress
 from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import MethodName, make_method
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.train.export import resolve_adapter
+from lkv.model.probe import read_probe_config
+from lkv.train.export import resolve_adapter, resolve_probe
 
 
 def generate(
@@ -21,6 +23,7 @@ def generate(
     budget: int | float = 128,
     question: str | None = None,
     adapter: str | None = None,
+    probe: str | None = None,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -44,7 +47,7 @@ def generate(
         prompt: the prompt text (sent as one user message through the model's chat template).
         prompt_file: read the prompt from this file instead.
         model: embedded short name, local folder, ``.gguf`` file or hub id (default: ``smollm2-135m``, or
-            the base model named by an ``--adapter`` checkpoint).
+            the base model named by an ``--adapter`` or ``--probe`` folder or checkpoint).
         method: an eviction method registered in :data:`lkv.eviction.registry.METHODS` (the table in
             docs/evaluation.md): prefill-time ones, and decode-time h2o-decode, scissorhands, quest.
         budget: KV entries kept per head: a whole number of tokens (paper), or a ratio of the prompt in (0, 1].
@@ -52,6 +55,8 @@ def generate(
             appended and answered.
         adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
             ``lkv fit`` checkpoint (``.ckpt``).
+        probe: trained per-token probe for ``--method probe``: an ``lkv export`` probe folder or a probe
+            checkpoint.
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -66,7 +71,7 @@ def generate(
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
         streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
-            expected_attention, keydiff): each layer is cut to its budget as soon as the prefill has produced it,
+            expected_attention, keydiff, probe): each layer is cut to its budget as soon as the prefill has produced it,
             so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
         head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
             ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
@@ -85,9 +90,18 @@ def generate(
     check_budget(budget)
     if (adapter is not None) != (method == "lookaheadkv"):
         raise ValueError("--adapter is required by --method lookaheadkv and used by no other method")
+    if (probe is not None) != (method == "probe"):
+        raise ValueError("--probe is required by --method probe and used by no other method")
     if adapter is not None:
         folder = resolve_adapter(adapter, model)
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
+    elif probe is not None:
+        folder = resolve_probe(probe, model)
+        base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
+        net, tokenizer = load_backbone(
+            base, dtype=dtype, attn_implementation=attn_implementation, device=device
+        )
+        press = ProbePress.from_folder(folder, net)
     else:
         net, tokenizer = load_backbone(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device

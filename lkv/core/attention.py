@@ -12,7 +12,7 @@ capture then computes the block's attention rows itself in fp32, in query chunks
 them to ``(batch, kv_heads, S)``: memory is O(L·H_kv·S) for the result plus one chunk of rows for one
 layer at a time — never an S×S matrix, never all layers' attention at once. A capture may also read each
 attention module's input hidden states (:meth:`AttentionCapture.observe_input`; Expected Attention's query
-statistics).
+statistics, and :class:`HiddenCapture`, which a per-token probe scores each prompt token from).
 
 The same installation makes attention honour a compressed cache's key masks (heads of a layer keeping
 different counts, :mod:`lkv.core.cache`): a pre-hook on the decoder hands any cache carrying them to the
@@ -210,6 +210,61 @@ def _normalise(sums: torch.Tensor) -> torch.Tensor:
     return sums / sums.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(sums.dtype).tiny)
 
 
+class HiddenCapture(AttentionCapture):
+    """Collects each layer's attention input during a forward pass given it as (or in) ``lkv_capture=``.
+
+    The attention input is what the attention module projects to queries, keys and values: the residual stream
+    after the layer's input norm, ``(batch, Q, hidden)`` (NVIDIA kvpress's ``hidden_states``, which KVzap's
+    probes read). Layer ``l``'s input is observed before its attention runs, so a layer-streamed prefill can
+    read it as soon as the prompt has passed layer ``l``.
+
+    Args:
+        reduce: ``(layer_idx, hidden (batch, Q, hidden)) → tensor``, applied as each layer is observed so that
+            only its result is kept (e.g. a probe's per-token scores instead of every layer's hidden states);
+            ``None`` keeps the hidden states themselves.
+    """
+
+    def __init__(self, reduce: Callable[[int, torch.Tensor], torch.Tensor] | None = None) -> None:
+        # it reads no attention rows, so no key count: it is never merged with another capture of a prefill
+        self.num_keys = self.last_queries = None
+        self.reduce = reduce
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def observe_input(self, module: nn.Module, hidden_states: torch.Tensor) -> None:
+        """Keep one layer's attention input ``(batch, Q, hidden)`` (or what ``reduce`` makes of it)."""
+        layer_idx = module.layer_idx
+        self._kept[layer_idx] = (
+            hidden_states if self.reduce is None else self.reduce(layer_idx, hidden_states)
+        )
+
+    @property
+    def layers(self) -> list[int]:
+        """Indices of the layers observed so far."""
+        return sorted(self._kept)
+
+    def stacked(self, num_layers: int) -> torch.Tensor:
+        """What was kept of every layer, stacked on dim 1: ``(batch, layers, ...)``.
+
+        Raises:
+            RuntimeError: when some layer of ``0..num_layers-1`` was not observed.
+        """
+        if self.layers != list(range(num_layers)):
+            raise RuntimeError(
+                f"attention inputs of layers {self.layers} were captured, expected 0..{num_layers - 1}: was "
+                f"the model prepared with lkv.core.attention.install_capture() and given {CAPTURE_KWARG}=...?"
+            )
+        return torch.stack([self._kept[i] for i in self.layers], dim=1)
+
+    def take(self, layer_idx: int) -> torch.Tensor:
+        """What was kept of one layer, then dropped (layer-streamed eviction reads each layer once)."""
+        if layer_idx not in self._kept:
+            raise RuntimeError(
+                f"no attention input was captured for layer {layer_idx} (observed so far: {self.layers}); "
+                f"was the forward pass given {CAPTURE_KWARG}=...?"
+            )
+        return self._kept.pop(layer_idx)
+
+
 def grouped_attention(
     query: torch.Tensor,
     key32: torch.Tensor,
@@ -393,7 +448,8 @@ def check_attn_implementation(name: str) -> None:
 
 
 def install_capture(model: PreTrainedModel) -> str:
-    """Route ``model``'s attention through the capturing wrapper of its current implementation.
+    """Route ``model``'s attention through the capturing wrapper of its current implementation, and hand each
+    attention module's input to the captures that read it (:meth:`AttentionCapture.observe_input`).
 
     Idempotent. Returns the new implementation name (``lkv_<base>``). Outputs are unchanged: the wrapper
     calls the original implementation and only adds work when ``lkv_capture`` is passed or the cache carries

@@ -13,8 +13,9 @@ RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 #: methods whose rows depend on the adapter; every other method's rows are the same whatever the adapter
 ADAPTER_METHODS = frozenset({"lookaheadkv"})
-#: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows)
-UNUSED_WHEN_NONE = frozenset({"adapter"})
+#: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows, no
+#: probe without probe rows)
+UNUSED_WHEN_NONE = frozenset({"adapter", "probe"})
 #: ``run.json`` keys added after folders were made without them: a missing key reads as this value
 ADDED_KEYS = {"head_budget": "equal"}
 

@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.core.attention import ImportanceCapture
+from lkv.core.attention import AttentionCapture, ImportanceCapture
 from lkv.core.cache import cache_bytes, token_bytes
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
@@ -92,7 +92,7 @@ class Prefilled:
     ids: torch.Tensor
     cache: DynamicCache
     next_logits: torch.Tensor
-    captures: dict[str, ImportanceCapture | None]
+    captures: dict[str, AttentionCapture | None]
     seconds: float
 
     @property
@@ -104,15 +104,18 @@ class Prefilled:
 def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str, Press]) -> Prefilled:
     """Prefill ``ids`` once with the captures of all ``presses``.
 
-    Presses asking for the same capture (same kind, key count and query window) share one object: a press
-    only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of their own).
+    Presses asking for the same attention capture (same kind, key count and query window) share one object: a
+    press only reads the capture its prefill filled (LAQ/SpecKV capture their pseudo tokens in captures of
+    their own). A probe's capture of the attention input is its own (it keeps only that probe's scores).
     """
-    unique: dict[tuple[type, int, int | None], ImportanceCapture] = {}
-    captures: dict[str, ImportanceCapture | None] = {}
+    unique: dict[tuple[type, int, int | None] | int, AttentionCapture] = {}
+    captures: dict[str, AttentionCapture | None] = {}
     for name, press in presses.items():
         capture = press.prefill_capture(ids.shape[1])
         if capture is not None:
-            capture = unique.setdefault((type(capture), capture.num_keys, capture.last_queries), capture)
+            shared = isinstance(capture, ImportanceCapture)
+            key = (type(capture), capture.num_keys, capture.last_queries) if shared else id(capture)
+            capture = unique.setdefault(key, capture)
         captures[name] = capture
     kwargs = {"lkv_capture": list(unique.values())} if unique else {}
     start = clock(ids.device)

@@ -22,6 +22,7 @@ from lkv.eviction.presses import (
     LookaheadKVPress,
     OraclePress,
     Press,
+    ProbePress,
     PyramidKVPress,
     RandomPress,
     SnapKVPress,
@@ -68,6 +69,14 @@ _REGISTERED = (
         "prefill",
         "the trained lookahead module predicts the future response's attention",
         needs="an adapter (`--adapter`)",
+    ),
+    Method(
+        "probe",
+        ProbePress,
+        "prefill",
+        "a per-token probe (KVzap-style) on each layer's hidden states, trained on the same labels",
+        default=False,
+        needs="a probe (`--probe`)",
     ),
     Method(
         "snapkv",

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.eviction.presses import LookaheadKVPress, Press
+from lkv.eviction.presses import LookaheadKVPress, Press, ProbePress
 from lkv.eviction.registry import make_method
+from lkv.model.probe import ImportanceProbe
 from lkv.perf.models import load_model
 
 
@@ -36,6 +37,7 @@ class BenchSettings:
     window: int = 32
     num_lookahead: int = 32
     lora_rank: int = 8
+    probe_hidden: int = 512
     draft_tokens: int = 8
     draft_layers: int | None = None
     response_tokens: int = 64
@@ -129,6 +131,9 @@ class Workbench:
         s = self.settings
         if method == "lookaheadkv":
             return LookaheadKVPress(self.lookahead)
+        if method == "probe":  # random weights, as the lookahead module's: timing does not depend on them
+            probe = ImportanceProbe.create(self.model, hidden_dim=s.probe_hidden, seed=s.seed)
+            return ProbePress(probe.to(self.device).eval().requires_grad_(False))
         if method == "laq":  # its SnapKV-compressed draft cache keeps the eviction budget, as in the paper
             return make_method(method, draft_budget=s.budget, num_tokens=s.draft_tokens, window=s.window)
         if method == "speckv":

@@ -6,7 +6,7 @@ grid over ``num_lookahead``, ``lora_targets``, ``lookahead_init``, ... (the sett
 builds one *sibling* module per grid point beside the LightningModule's own, on the same frozen model: its own
 embeddings, its own LoRA (a named peft adapter), its own AdamW and learning-rate schedule, built by the main
 module's :meth:`~lkv.train.module.LookaheadKVModule.optimizer_for` (same settings). The main module shares each
-sample's prefill (:class:`~lkv.train.module.SharedPrefill`); after the main step every sibling runs its own
+sample's prefill (:class:`~lkv.train.base.SharedPrefill`); after the main step every sibling runs its own
 lookahead step on that cache and steps its optimiser whenever the main one does (gradient accumulation,
 clipping and DDP averaging as for the main module). A grid point with the main module's own settings is the
 main module itself.
@@ -39,8 +39,9 @@ from torchmetrics import MetricCollection
 
 from lkv.core.metrics import importance_kl, ranking_metrics
 from lkv.model.lookahead import LookaheadAdapter
+from lkv.train.base import SharedPrefill
 from lkv.train.grid import grid_points, point_name, write_summary
-from lkv.train.module import LookaheadKVModule, SharedPrefill
+from lkv.train.module import LookaheadKVModule
 from lkv.train.overhead import lookahead_overhead
 
 # Module settings a grid may vary (the arguments of `LookaheadAdapter.create`); the optimiser is the main one's.

@@ -67,8 +67,9 @@ def importance_figure(scores: dict[str, torch.Tensor], title: str) -> Figure:
 class ImportanceImages(L.Callback):
     """After every validation, log :func:`importance_figure` of one fixed validation prompt.
 
-    Reads the scores that :meth:`LookaheadKVModule.validation_step` returns for batch ``batch_index``
-    (the validation set is not shuffled, so it is the same prompt every time) and writes them to every
+    Reads the scores that the module's ``validation_step`` (:class:`lkv.train.base.ImportanceModule`) returns
+    for batch ``batch_index`` (the validation set is not shuffled, so it is the same prompt every time); the
+    prediction is named after the module (``lookahead``, ``probe``). It writes them to every
     TensorBoard logger under ``val/importance``, captioned (in the figure and in the card's description)
     with the prompt id, the step and the split. Global rank 0 only; skipped during the sanity check.
 
@@ -87,7 +88,7 @@ class ImportanceImages(L.Callback):
             self._scores = {
                 "id": outputs["id"],
                 "true": outputs["target"].detach().cpu(),
-                "lookahead": outputs["pred"].detach().cpu(),
+                pl_module.prediction_name: outputs["pred"].detach().cpu(),
                 "snapkv": outputs["snapkv_window"].detach().cpu(),
             }
 

@@ -2,8 +2,11 @@
 
 Configs have a ``model:`` (the module's arguments), a ``data:`` (the label folders) and a ``trainer:``
 section; ``lkv fit --config configs/smollm2_135m.yaml --print_config`` shows every setting without
-loading any weights. TensorBoard is the default logger; every fit run carries an HParams session that ranks
-it by its last ``val/recall@C``, ``val/kendall_tau`` and ``val/kl``.
+loading any weights. A config whose ``model:`` names a ``class_path`` (with its ``init_args``) trains that
+:class:`~lkv.train.base.ImportanceModule` instead, e.g. the per-token probe of ``configs/probe_smollm2.yaml``
+(:class:`lkv.train.probe_module.ProbeModule`); the LookaheadKV configs keep their plain ``model:`` settings.
+TensorBoard is the default logger; every fit run carries an HParams session that ranks it by its last
+``val/recall@C``, ``val/kendall_tau`` and ``val/kl``.
 
 ``lkv fit --config X.yaml --ckpt_path last`` is one command for a first run and for every restart after
 an interruption: with no checkpoint yet it starts from scratch, otherwise it resumes from ``last.ckpt`` at
@@ -34,6 +37,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
 
@@ -129,17 +133,55 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: s
     ]
 
 
+def _configs(args: list[str]) -> list[dict[str, Any]]:
+    """The contents of every ``--config`` file in ``args``, each followed by the files it includes
+    (``config:``); files that do not exist are left to the parser to report."""
+    given = [value for flag, value in zip(args, args[1:], strict=False) if flag == "--config"]
+    given += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    found: list[dict[str, Any]] = []
+
+    def visit(path: Path) -> None:
+        content = yaml.safe_load(path.read_text()) if path.is_file() else None
+        if isinstance(content, dict):
+            found.append(content)
+            includes = content.get("config")
+            for include in [includes] if isinstance(includes, str) else includes or []:
+                visit(path.parent / include)
+
+    for path in given:
+        visit(Path(path))
+    return found
+
+
+def names_module_class(args: list[str]) -> bool:
+    """Whether ``args`` pick the LightningModule by class path: ``model: {class_path: ...}`` (or a dotted
+    ``model.class_path:``) in a ``--config`` file or a file it includes, or a ``--model.class_path`` or
+    ``--model`` argument."""
+    for content in _configs(args):
+        model = content.get("model")
+        if "model.class_path" in content or (isinstance(model, dict) and "class_path" in model):
+            return True
+    return any(arg == "--model" or arg.startswith(("--model=", "--model.class_path")) for arg in args)
+
+
 def lightning_main(args: list[str]) -> None:
-    """Run LightningCLI with ``args`` (``["fit", "--config", "configs/X.yaml", ...]``)."""
+    """Run LightningCLI with ``args`` (``["fit", "--config", "configs/X.yaml", ...]``).
+
+    The module is :class:`LookaheadKVModule`, whose settings a config gives directly under ``model:``, unless
+    the arguments name a class (:func:`names_module_class`): then any
+    :class:`~lkv.train.base.ImportanceModule` given as ``model: {class_path: ..., init_args: ...}``.
+    """
     # The frozen LLM stays in eval mode by design while the adapter trains.
     warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
     # `lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds.
     warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
     # torchdata 0.11's StatefulDataLoader calls a torch API that newer torch flags on every epoch.
     warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated")
+    by_class = names_module_class(args)
     LookaheadCLI(
-        LookaheadKVModule,
+        ImportanceModule if by_class else LookaheadKVModule,
         LabelDataModule,
+        subclass_mode_model=by_class,
         args=args,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},

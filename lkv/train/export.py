@@ -1,40 +1,78 @@
-"""A training checkpoint → a standalone lookahead adapter folder (the only place that reads ``.ckpt``).
+"""A training checkpoint → a standalone adapter or probe folder (the only place that reads ``.ckpt``).
 
 The checkpoint holds only the trainable weights and the module's hyper-parameters; export rebuilds the
 module on its base model (peft needs the model to name the LoRA weights), loads the weights and writes
-:meth:`lkv.model.lookahead.LookaheadAdapter.save`'s folder. Loading that folder back needs only the base
-model and no Lightning: ``LookaheadAdapter.load(folder, base_model)``, which is what the eviction and
-evaluation stages do.
+:meth:`lkv.model.lookahead.LookaheadAdapter.save`'s folder, or :meth:`lkv.model.probe.ImportanceProbe.save`'s
+for a probe checkpoint (:class:`lkv.train.probe_module.ProbeModule`, whose trainable weights are ``probe.*``).
+Loading either folder back needs only the base model and no Lightning: ``LookaheadAdapter.load(folder,
+base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation
+stages do.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from lkv.model.lookahead import CONFIG_FILE
+from lkv.model.probe import PROBE_CONFIG_FILE
+from lkv.train.base import ImportanceModule
 from lkv.train.module import LookaheadKVModule
+from lkv.train.probe_module import ProbeModule
 
-# `resolve_adapter` exports a checkpoint `X.ckpt` to this sibling folder `X-adapter/`.
+# `resolve_adapter` exports a checkpoint `X.ckpt` to the sibling folder `X-adapter/`, `resolve_probe`
+# to `X-probe/`.
 EXPORT_SUFFIX = "-adapter"
+PROBE_EXPORT_SUFFIX = "-probe"
 
 
-def load_checkpoint(ckpt: str | Path, **overrides: str) -> LookaheadKVModule:
-    """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args)."""
+def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
+    """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args).
+
+    A checkpoint whose weights are ``probe.*`` is a :class:`ProbeModule`'s, any other a
+    :class:`LookaheadKVModule`'s.
+    """
     if not Path(ckpt).is_file():
         raise FileNotFoundError(f"checkpoint {str(ckpt)!r} not found")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True).get("state_dict", {})
+    module_class = ProbeModule if any(key.startswith("probe.") for key in state) else LookaheadKVModule
     kept = {k: v for k, v in overrides.items() if v is not None}
-    return LookaheadKVModule.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, **kept)
+    return module_class.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, **kept)
 
 
 def export_checkpoint(
     ckpt: str | Path, output: str | Path, model: str | None = None, dtype: str | None = None
 ) -> str:
-    """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``) to ``output``."""
+    """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``) or probe
+    (``probe.json`` + ``probe.safetensors``) to ``output``."""
     module = load_checkpoint(ckpt, model=model, dtype=dtype)
+    if isinstance(module, ProbeModule):
+        config = module.probe.config
+        # the folder names its base model, so loading it needs no `--model`
+        config.extra["model"] = module.hparams.model
+        module.probe.save(output)
+        kind = f"MLP hidden {config.hidden_dim}" if config.hidden_dim else "linear"
+        return f"exported the {kind} probe ({config.num_layers} layers, target {config.target}) to {output}"
     # the folder names its base model, so loading it needs no `--model` (`exported_base_model`)
     module.adapter.config.extra["model"] = module.hparams.model
     module.adapter.save(output)
     config = module.adapter.config
     return f"exported M={config.num_tokens} lookahead module (lora: {config.target_modules}) to {output}"
+
+
+def _exported(path: Path, suffix: str, marker: str, model: str | None, what: str) -> Path:
+    """``path`` if it is a folder, else the checkpoint ``path`` exported (once, again when newer) to the
+    sibling folder ``<stem><suffix>/`` whose ``marker`` file says it is done."""
+    if path.is_dir():
+        return path
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r}: neither an `lkv export` folder nor a checkpoint file")
+    folder = path.with_name(path.stem + suffix)
+    done = folder / marker
+    if not done.is_file() or done.stat().st_mtime < path.stat().st_mtime:
+        export_checkpoint(path, folder, model=model)
+    return folder
 
 
 def resolve_adapter(adapter: str | Path, model: str | None = None) -> Path:
@@ -44,15 +82,10 @@ def resolve_adapter(adapter: str | Path, model: str | None = None) -> Path:
     newer than that folder, so commands that take either (``lkv eval``, ``lkv generate``) hand the
     eviction stage a folder.
     """
-    path = Path(adapter)
-    if path.is_dir():
-        return path
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"adapter {str(adapter)!r}: neither an `lkv export` folder nor a checkpoint file"
-        )
-    folder = path.with_name(path.stem + EXPORT_SUFFIX)
-    marker = folder / "lookahead.json"
-    if not marker.is_file() or marker.stat().st_mtime < path.stat().st_mtime:
-        export_checkpoint(path, folder, model=model)
-    return folder
+    return _exported(Path(adapter), EXPORT_SUFFIX, CONFIG_FILE, model, "adapter")
+
+
+def resolve_probe(probe: str | Path, model: str | None = None) -> Path:
+    """A probe folder for ``probe``: the folder itself, or a probe ``.ckpt`` exported to ``<stem>-probe/``
+    (once, again whenever the checkpoint is newer), as :func:`resolve_adapter` does for adapters."""
+    return _exported(Path(probe), PROBE_EXPORT_SUFFIX, PROBE_CONFIG_FILE, model, "probe")

@@ -10,60 +10,29 @@ Per sample (docs/design.md §1, "Two-phase training step"):
 
 Validation adds SnapKV's scores from an observation-window capture taken during the same prefill, and
 logs ``val/kl``, ``val/recall@C``, ``val/kendall_tau``, ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau``.
-A fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`), so
-the HParams tab ranks runs by their last validation values.
-Checkpoints hold only the trainable weights (and optimiser state); the frozen LLM is reloaded by
-:meth:`configure_model`.
+A fit names the first three as the metrics of its TensorBoard HParams session, so the HParams tab ranks runs
+by their last validation values. Checkpoints hold only the trainable weights (and optimiser state); the
+frozen LLM is reloaded by :meth:`configure_model`. All of this is shared with the per-token probe
+(:mod:`lkv.train.probe_module`) through :class:`lkv.train.base.ImportanceModule`.
 
 With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.train.ablation.LookaheadAblation`), the
-training and validation steps also return every sample's prefill as a :class:`SharedPrefill` (``outputs
-["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
+training and validation steps also return every sample's prefill as a :class:`~lkv.train.base.SharedPrefill`
+(``outputs["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
-from transformers import DynamicCache
-from transformers.optimization import (
-    get_constant_schedule_with_warmup,
-    get_cosine_with_min_lr_schedule_with_warmup,
-)
 
-from lkv.core.attention import ImportanceCapture
-from lkv.core.generation import prefill
-from lkv.core.importance import response_importance
-from lkv.core.metrics import importance_kl, ranking_metrics
-from lkv.eval.tensorboard import hparams_session
-from lkv.eviction.presses.snapkv import snapkv_scores
-from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
+from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import LookaheadAdapter
+from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import Sample
 
 
-@dataclass
-class SharedPrefill:
-    """One sample's prompt prefill (adapter off) and ground truth, after the module's own lookahead step.
-
-    Attributes:
-        cache: the prompt's cache, cropped back to exactly ``S`` entries per layer and free of the module's
-            graph: another module's :meth:`LookaheadAdapter.predict` may run on it (and crops back again).
-        target: ``(layers, kv_heads, S)`` float32 s_GT.
-    """
-
-    cache: DynamicCache
-    target: torch.Tensor
-
-    @property
-    def prompt_len(self) -> int:
-        return self.target.shape[-1]
-
-
-class LookaheadKVModule(L.LightningModule):
+class LookaheadKVModule(ImportanceModule):
     """Trains ``M`` lookahead embeddings and a LoRA adapter to predict a frozen LLM's future attention.
 
     Args:
@@ -85,6 +54,8 @@ class LookaheadKVModule(L.LightningModule):
         snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
         seed: seed of the embedding and LoRA initialisation.
     """
+
+    prediction_name = "lookahead"
 
     def __init__(
         self,
@@ -108,38 +79,16 @@ class LookaheadKVModule(L.LightningModule):
         snapkv_kernel: int = 7,
         seed: int = 0,
     ) -> None:
-        super().__init__()
-        if not eval_budgets or min(eval_budgets) <= 0:
-            raise ValueError(
-                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
-            )
+        super().__init__(eval_budgets)
         self.save_hyperparameters()
-        # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
-        self.strict_loading = False
         self.adapter: LookaheadAdapter | None = None
-        # Return each step's prefills in its outputs (for sibling modules); off: caches are freed at once.
-        self.share_prefill = False
-        self.tokenizer = None
-        self.signature: ModelSignature | None = None
-        budgets = list(eval_budgets)
-        self.val_metrics = ranking_metrics(budgets, "val/")
-        self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
-        self.test_metrics = ranking_metrics(budgets, "test/")
-        self.test_snapkv = ranking_metrics(budgets, "test/snapkv_", kl=False)
 
     def configure_model(self) -> None:
         """Load the frozen LLM, check it against the label folders, and attach the lookahead module."""
         if self.adapter is not None:
             return
         hp = self.hparams
-        device = self._trainer.strategy.root_device if self._trainer is not None else None
-        backbone, self.tokenizer = load_backbone(
-            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
-        )
-        self.signature = model_signature(backbone, self.tokenizer, hp.model)
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if hasattr(datamodule, "check_model"):
-            datamodule.check_model(self.signature)
+        backbone = self.load_frozen_backbone(load_backbone)
         self.adapter = LookaheadAdapter.create(
             backbone,
             num_tokens=hp.num_lookahead,
@@ -153,130 +102,23 @@ class LookaheadKVModule(L.LightningModule):
         self.adapter.config.base_model = self.signature.to_dict()
 
     def importance(self, sample: Sample, snapkv: bool = False) -> dict[str, torch.Tensor]:
-        """Predicted and true importance of one sample, sharing one prefill.
+        """Predicted and true importance of one sample, sharing one prefill (adapter off).
 
         Returns:
             ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
             with ``snapkv``, also ``snapkv_window``, the normalised attention of the last ``snapkv_window``
             prompt queries ``(layers, kv_heads, S)``.
         """
-        ids = sample["prompt_ids"][None]
-        prompt_len = ids.shape[1]
-        model = self.adapter.model
-        capture = ImportanceCapture(prompt_len, last_queries=self.hparams.snapkv_window) if snapkv else None
-        cache, _ = prefill(model, ids, **({"lkv_capture": capture} if snapkv else {}))
-        target = sample["scores"]
-        if target is None:
-            target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
-        out = {"target": target.float(), "pred": self.adapter.predict(cache, prompt_len)[0], "cache": cache}
-        if snapkv:
-            out["snapkv_window"] = capture.scores(model.config.num_hidden_layers)[0]
+        prompt, window = self.prefill_sample(self.adapter.model, sample, snapkv)
+        pred = self.adapter.predict(prompt.cache, prompt.prompt_len)[0]
+        out = {"target": prompt.target, "pred": pred, "cache": prompt.cache}
+        if window is not None:
+            out["snapkv_window"] = window
         return out
 
-    def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
-        losses, prefills = [], []
-        for sample in batch:
-            scores = self.importance(sample)
-            losses.append(importance_kl(scores["target"], scores["pred"]).mean())
-            prefills.append(SharedPrefill(scores["cache"], scores["target"]))
-        loss = torch.stack(losses).mean()
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
-        self.log(
-            "train/prompt_tokens", float(sum(s["prompt_ids"].numel() for s in batch)), batch_size=len(batch)
-        )
-        return {"loss": loss, "prefills": prefills} if self.share_prefill else loss
+    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """State-dict key → parameter of the lookahead embeddings and the LoRA weights."""
+        return {f"adapter.{name}": p for name, p in self.adapter.trainable_parameters().items()}
 
-    def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics) -> dict[str, Any]:
-        hp = self.hparams
-        prefills = []
-        for sample in batch:
-            scores = self.importance(sample, snapkv=True)
-            metrics.update(scores["pred"], scores["target"])
-            snap = snapkv_scores(scores["snapkv_window"], hp.snapkv_window, hp.snapkv_kernel)
-            snapkv_metrics.update(snap, scores["target"])
-            prefills.append(SharedPrefill(scores.pop("cache"), scores["target"]))
-        self.log_dict(metrics, batch_size=len(batch))
-        self.log_dict(snapkv_metrics, batch_size=len(batch))
-        # The last sample's scores, for callbacks that plot them.
-        return {"id": batch[-1]["id"], **scores, **({"prefills": prefills} if self.share_prefill else {})}
-
-    def validation_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, self.val_metrics, self.val_snapkv)
-
-    def test_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, self.test_metrics, self.test_snapkv)
-
-    def hparams_metrics(self) -> list[str]:
-        """The validation metrics that rank fit runs in TensorBoard's HParams tab."""
-        return ["val/kl", *(f"val/recall@{c}" for c in self.hparams.eval_budgets), "val/kendall_tau"]
-
-    def on_fit_start(self) -> None:
-        # An HParams session (model.* and data.* settings, named metrics) in every TensorBoard run. Written
-        # before Lightning's own hyper-parameter logging: TensorBoard keeps a run's first session, so a
-        # logger left with `default_hp_metric` still shows these metrics, not its `hp_metric` placeholder.
-        # A trainer with `enable_autolog_hparams: false` (`lkv sweep` points, which log their own) gets none.
-        if not (self.trainer.enable_autolog_hparams and self.trainer.is_global_zero):
-            return
-        params = {f"model.{k}": v for k, v in self.hparams.items() if not k.startswith("_")}
-        datamodule = self.trainer.datamodule
-        if datamodule is not None:
-            params |= {f"data.{k}": v for k, v in datamodule.hparams.items() if not k.startswith("_")}
-        for logger in self.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                for summary in hparams_session(params, self.hparams_metrics()):
-                    logger.experiment.file_writer.add_summary(summary)
-
-    def on_train_epoch_start(self) -> None:
-        datamodule = self.trainer.datamodule
-        if hasattr(datamodule, "set_epoch"):
-            datamodule.set_epoch(self.current_epoch)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return self.optimizer_for(list(self.adapter.trainable_parameters().values()))
-
-    def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
-        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser dict);
-        sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        if hp.scheduler == "cosine":
-            total = self.trainer.estimated_stepping_batches
-            if total == float("inf"):
-                raise ValueError(
-                    "the cosine schedule needs a known length: set trainer.max_steps (a streamed label set "
-                    "has no length), or use model.scheduler=constant"
-                )
-            total = int(total)
-            schedule = get_cosine_with_min_lr_schedule_with_warmup(
-                optimizer, hp.warmup_steps, max(total, hp.warmup_steps + 1), min_lr_rate=hp.min_lr_ratio
-            )
-        elif hp.scheduler == "constant":
-            schedule = get_constant_schedule_with_warmup(optimizer, hp.warmup_steps)
-        else:
-            raise ValueError(f"scheduler must be 'cosine' or 'constant', got {hp.scheduler!r}")
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    def trainable_state_names(self) -> set[str]:
-        """State-dict keys of the trainable weights (lookahead embeddings + LoRA)."""
-        return {f"adapter.{name}" for name in self.adapter.trainable_parameters()}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        keep = self.trainable_state_names()
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # `load_from_checkpoint` calls this before `load_state_dict`: build the model the weights belong to.
-        self.configure_model()
-        expected = self.trainable_state_names()
-        found = set(checkpoint["state_dict"])
-        missing, unexpected = sorted(expected - found), sorted(found - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint does not match this lookahead module ({self.hparams.model}, "
-                f"lora_targets={self.hparams.lora_targets}): {len(missing)} trainable weights missing "
-                f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
-            )
-        # The frozen weights are the ones just loaded: hand them back (by reference) so loading matches the
-        # whole state dict instead of reporting every frozen tensor as missing.
-        frozen = {k: v for k, v in self.state_dict().items() if k not in expected}
-        checkpoint["state_dict"] = {**frozen, **checkpoint["state_dict"]}
+    def describe(self) -> str:
+        return f"lookahead module ({self.hparams.model}, lora_targets={self.hparams.lora_targets})"

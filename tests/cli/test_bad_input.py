@@ -101,6 +101,20 @@ def empty_label_folder(root: Path) -> list[str]:
     return fit(root, data={"train": str(root / "empty-train")})
 
 
+def adapter_as_probe(root: Path) -> list[str]:
+    """An exported LookaheadKV adapter given where a probe folder is expected."""
+    lkv_main(
+        [
+            "export",
+            "--ckpt",
+            str(root / "run" / "checkpoints" / "last.ckpt"),
+            "--output",
+            str(root / "adapter"),
+        ]
+    )
+    return ["generate", "--prompt", "alpha beta", "--method", "probe", "--probe", str(root / "adapter")]
+
+
 # id -> (prepare the bad input in `root`, return the `lkv` arguments; patterns the message must match)
 CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
     "config-typo": (lambda root, mp: fit(root, model={"lrr": 0.1}), [r"lrr"]),
@@ -172,6 +186,10 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
             "0",
         ],
         [r"budget", r"≥ 1 token per head", r"got 0"],
+    ),
+    "adapter-folder-as-probe": (
+        lambda root, mp: adapter_as_probe(root),
+        [r"adapter/probe\.json: not found", r"a probe folder", r"holds a LookaheadKV adapter", r"--adapter"],
     ),
     "assets-missing-offline": (
         offline_without_assets,

@@ -16,11 +16,12 @@ from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
 from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import FullKVPress, OraclePress, PressContext
+from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, ProbePress
 from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
+from lkv.model.probe import ImportanceProbe
 from tests.conftest import make_label_folder, tiny_needle_task
 
 
@@ -96,11 +97,14 @@ def test_shared_prefill_scores_like_each_method_alone(tiny_llama):
     model, tokenizer = tiny_llama
     presses = {m: make_method(m, **({"window": 4} if m in WINDOWED else {})) for m in SCORED}
     presses["scissorhands"] = make_method("scissorhands", history=4)
+    for seed in (0, 1):  # two probes: each keeps its own scores of the attention inputs
+        presses[f"probe{seed}"] = ProbePress(ImportanceProbe.create(model, hidden_dim=8, seed=seed))
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(1))
     shared = shared_prefill(model, ids, presses)
     # one window capture serves the four windowed methods (they only read it), plus H2O's and TOVA's, plus
-    # Scissorhands' per-query rows over the same 4-query window (another kind of capture, never merged)
-    assert len({id(c) for c in shared.captures.values() if c is not None}) == 4
+    # Scissorhands' per-query rows over the same 4-query window (another kind of capture, never merged),
+    # plus each probe's own
+    assert len({id(c) for c in shared.captures.values() if c is not None}) == 6
     for name in presses:  # in turn on the same cache: LAQ/SpecKV append tokens and must crop them again
         ctx = PressContext(
             model, ids, shared.cache, shared.next_logits, shared.captures[name], eos_ids(model, tokenizer)
@@ -118,6 +122,7 @@ def test_rows_match_running_each_method_through_the_compressor(tiny_llama, tiny_
         "h2o-decode": make_method("h2o-decode", every=1),
         "scissorhands": make_method("scissorhands", history=4, every=2),
         "quest": make_method("quest", page_size=4),
+        "probe": ProbePress(ImportanceProbe.create(model, hidden_dim=8)),
     }
     task = tiny_needle_task(tiny_corpus, max_new_tokens=4)
     rows = Evaluator(model, tokenizer, presses, [12], [setting], tmp_path, progress=False).run([task])
@@ -332,6 +337,8 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
         )
     with pytest.raises(ValueError, match="--adapter is required by the lookaheadkv"):
         lkv.commands.eval.evaluate([], methods=("lookaheadkv",), output=str(tmp_path))
+    with pytest.raises(ValueError, match="--probe is required by the probe method"):
+        lkv.commands.eval.evaluate([], methods=("snapkv",), probe=str(tmp_path), output=str(tmp_path))
     with pytest.raises(ValueError, match="press_args given for"):
         lkv.commands.eval.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
     with pytest.raises(ValueError, match="--max_batch_tokens: expected a positive number, found 0"):

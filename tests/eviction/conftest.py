@@ -4,8 +4,10 @@ import torch
 
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.registry import make_method
 from lkv.model.lookahead import LookaheadAdapter
+from lkv.model.probe import ImportanceProbe
 
 # Settings that fit a 48-token prompt and a 12-token budget.
 SETTINGS = {
@@ -23,6 +25,7 @@ SETTINGS = {
     "expected_attention": {"n_future_positions": 64},
     "kvzip": {"chunk_size": 20},
     "keydiff": {},
+    "probe": {},
 }
 
 
@@ -30,6 +33,8 @@ PROMPT_LEN = 48
 
 
 def build_press(name: str, model) -> Press:
+    if name == "probe":  # an untrained MLP probe: random weights rank the tokens as well as trained ones
+        return ProbePress(ImportanceProbe.create(model, hidden_dim=8, seed=0))
     if name != "lookaheadkv":
         return make_method(name, **SETTINGS[name])
     adapter = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)

@@ -6,7 +6,7 @@ import torch
 from lkv.core.compat import CACHE_KWARG
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import LookaheadKVPress
+from lkv.eviction.presses import LookaheadKVPress, ProbePress
 from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
@@ -22,16 +22,18 @@ STREAMED = [
     "lookaheadkv",
     "expected_attention",
     "keydiff",
+    "probe",
 ]
+TRAINED = ("lookaheadkv", "probe")  # built from a module, not by name
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 
 
 def test_exactly_the_per_layer_local_methods_stream():
-    built = {name: make_method(name, **SETTINGS[name]) for name in SETTINGS if name != "lookaheadkv"}
+    built = {name: make_method(name, **SETTINGS[name]) for name in SETTINGS if name not in TRAINED}
     streamable = {name for name, press in built.items() if press.streamable}
-    assert streamable == set(STREAMED) - {"lookaheadkv"}
-    assert LookaheadKVPress.streamable
+    assert streamable == set(STREAMED) - set(TRAINED)
+    assert LookaheadKVPress.streamable and ProbePress.streamable
 
 
 @pytest.fixture(params=[(f, a) for f in FAMILIES for a in ("sdpa", "eager")], ids=lambda p: "-".join(p))
@@ -67,7 +69,7 @@ def test_streamed_scores_and_cache_equal_two_phase(model_and_tokenizer, method):
         torch.testing.assert_close(got.next_logits, want.next_logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "lookaheadkv"])
+@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "lookaheadkv", "probe"])
 def test_streamed_generation_is_token_identical(tiny_model, method):
     model, tokenizer = tiny_model
     press = build_press(method, model)

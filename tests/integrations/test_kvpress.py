@@ -25,7 +25,17 @@ from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt  # noqa: E402
 from tests.reference import evicted_reference_logits, keep_mask  # noqa: E402
 
-UNIFORM = ["snapkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv", "expected_attention", "keydiff"]
+UNIFORM = [
+    "snapkv",
+    "tova",
+    "h2o",
+    "streamingllm",
+    "random",
+    "lookaheadkv",
+    "expected_attention",
+    "keydiff",
+    "probe",
+]
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:

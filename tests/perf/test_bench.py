@@ -226,7 +226,9 @@ def test_cli_selection_lengths_and_json(tmp_path, capsys):
             "--lengths",
             '{"decode": [24], "ttft": [32]}',
             "--methods",
-            "[snapkv]",
+            "[snapkv,probe]",
+            "--probe_hidden",
+            "8",
             *args,
         ]
     )
@@ -234,8 +236,11 @@ def test_cli_selection_lengths_and_json(tmp_path, capsys):
     assert list(written["decode"]["lengths"]) == ["24"] and list(written["ttft"]["lengths"]["32"]) == [
         "prefill",
         "snapkv",
+        "probe",
     ]
-    assert "| 32 | snapkv |" in capsys.readouterr().out
+    assert "median_s" in written["ttft"]["lengths"]["32"]["probe"]
+    printed = capsys.readouterr().out
+    assert "| 32 | snapkv |" in printed and "| 32 | probe |" in printed
     with pytest.raises(ValueError, match="unknown sub-benchmark"):
         run_benchmarks(["nope"], BenchSettings(**TINY))
     with pytest.raises(ValueError, match="does not select"):

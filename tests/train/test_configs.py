@@ -128,8 +128,14 @@ def header_label_commands(path: Path) -> list[list[str]]:
     return [command[2:] for command in commands]  # without "lkv label"
 
 
-# the embedded default's recipes (smollm2_135m.yaml and the ablations on it) share its header's labels
-PAPER_CONFIGS = [p for p in CONFIGS if own_settings(p).get("model.model") != "smollm2-135m"]
+def base_model(path: Path) -> object:
+    """The config's own base model: ``model.model``, or ``model.init_args.model`` beside a ``class_path``."""
+    settings = own_settings(path)
+    return settings.get("model.model", settings.get("model.init_args.model"))
+
+
+# the embedded default's recipes (smollm2_135m.yaml, the probe, the ablations on it) share its header's labels
+PAPER_CONFIGS = [p for p in CONFIGS if base_model(p) != "smollm2-135m"]
 
 
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.name)
@@ -149,3 +155,13 @@ def test_paper_configs_label_each_source_into_the_folders_they_train_on(path, ca
         assert (printed["response_tokens"], printed["store_scores"], printed["batch_size"]) == (512, False, 8)
         outputs.append(printed["output"])
     assert outputs == [*data["train"], data["val"]] and len(data["train"]) == 4
+
+
+def test_a_config_that_includes_the_probe_trains_the_probe(tmp_path):
+    # the module class comes from `model.class_path`, found through the include
+    config = tmp_path / "linear_probe.yaml"
+    config.write_text(f"config: {ROOT / 'configs' / 'probe_smollm2.yaml'}\nmodel.init_args.hidden_dim: 0\n")
+    resolved = resolved_fit_config(config)
+    assert resolved["model"]["class_path"] == "lkv.train.probe_module.ProbeModule"
+    assert resolved["model"]["init_args"]["hidden_dim"] == 0
+    assert resolved["model"]["init_args"]["lr"] == 5e-3  # the included recipe's

@@ -22,6 +22,7 @@ from lkv.eviction.presses.kvzip import KVzipPress
 from lkv.eviction.presses.laq import LAQPress
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.oracle import OraclePress
+from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.presses.pyramidkv import PyramidKVPress
 from lkv.eviction.presses.random_press import RandomPress
 from lkv.eviction.presses.snapkv import SnapKVPress
@@ -42,6 +43,7 @@ __all__ = [
     "OraclePress",
     "Press",
     "PressContext",
+    "ProbePress",
     "PyramidKVPress",
     "RandomPress",
     "SnapKVPress",

@@ -3,8 +3,9 @@
 Each method runs :meth:`lkv.eviction.compressor.Compressor.compress`; its overhead over a plain prefill is
 the median of per-round differences (both ran back to back), and the eviction stage alone (scoring +
 selection + gathering) is given as a share of the plain prefill — short, hence far less noisy than a
-difference of two prefills. LookaheadKV runs a randomly initialised module (timing does not depend on its
-weights).
+difference of two prefills. LookaheadKV and the per-token probe (``probe``) run randomly initialised modules
+(timing does not depend on their weights). The probe, like SnapKV's window, does its work inside the prefill
+(on each layer's attention input), so its cost shows in the overhead, not in the eviction stage.
 """
 
 from __future__ import annotations

@@ -1,0 +1,269 @@
+"""What every trained importance predictor shares: one prefill per sample, the loss against s_GT, the ranking
+metrics, the optimiser, and checkpoints that hold only the trainable weights.
+
+A predictor (:class:`lkv.train.module.LookaheadKVModule`, :class:`lkv.train.probe_module.ProbeModule`) loads
+its frozen LLM in :meth:`~lightning.pytorch.core.hooks.ModelHooks.configure_model` and defines
+:meth:`ImportanceModule.importance` (predicted and true ``(layers, kv_heads, S)`` importance of one sample,
+from one prefill: :meth:`ImportanceModule.prefill_sample`) and :meth:`ImportanceModule.trainable_parameters`.
+Everything else is here, so the modules train, validate, log and checkpoint alike and their runs compare in
+TensorBoard:
+
+- training: ``train/loss`` = mean over samples of :meth:`ImportanceModule.loss` (by default mean over
+  (layer, KV head) of KL(s_GT ‖ predicted), docs/design.md §1) and ``train/prompt_tokens``;
+- validation and test: ``val/kl``, ``val/recall@C``, ``val/kendall_tau`` and SnapKV's reference line
+  ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau`` from an observation-window capture of the same prefill;
+  a fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`);
+- AdamW with a cosine or constant schedule per optimiser step (:meth:`optimizer_for`);
+- checkpoints trimmed to :meth:`trainable_parameters` (the frozen LLM is reloaded by ``configure_model``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from transformers import DynamicCache, PreTrainedModel
+from transformers.optimization import (
+    get_constant_schedule_with_warmup,
+    get_cosine_with_min_lr_schedule_with_warmup,
+)
+
+from lkv.core.attention import AttentionCapture, ImportanceCapture
+from lkv.core.generation import prefill
+from lkv.core.importance import response_importance
+from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.eval.tensorboard import hparams_session
+from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.model.backbone import ModelSignature, model_signature
+from lkv.train.datamodule import Sample
+
+
+@dataclass
+class SharedPrefill:
+    """One sample's prompt prefill (adapter off) and ground truth, after the module's own step.
+
+    Attributes:
+        cache: the prompt's cache, cropped back to exactly ``S`` entries per layer and free of the module's
+            graph: another module's :meth:`LookaheadAdapter.predict` may run on it (and crops back again).
+        target: ``(layers, kv_heads, S)`` float32 s_GT.
+    """
+
+    cache: DynamicCache
+    target: torch.Tensor
+
+    @property
+    def prompt_len(self) -> int:
+        return self.target.shape[-1]
+
+
+class ImportanceModule(L.LightningModule):
+    """Base of the trained importance predictors (see the module docstring for what it provides).
+
+    The subclass's ``__init__`` calls ``super().__init__(eval_budgets)`` then ``self.save_hyperparameters()``,
+    and its hyper-parameters include ``model``, ``lr``, ``betas``, ``weight_decay``, ``warmup_steps``,
+    ``scheduler``, ``min_lr_ratio``, ``eval_budgets``, ``snapkv_window`` and ``snapkv_kernel``.
+
+    Attributes:
+        share_prefill: return each step's prefills in its outputs (``outputs["prefills"]``, for sibling
+            lookahead modules: :class:`lkv.train.ablation.LookaheadAblation`); off, caches are freed at once.
+        prediction_name: what the predicted importance is called in plots (``val/importance``).
+    """
+
+    prediction_name = "prediction"
+
+    def __init__(self, eval_budgets: Sequence[int]) -> None:
+        super().__init__()
+        if not eval_budgets or min(eval_budgets) <= 0:
+            raise ValueError(
+                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
+            )
+        # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
+        self.strict_loading = False
+        self.share_prefill = False
+        self.tokenizer = None
+        self.signature: ModelSignature | None = None
+        budgets = list(eval_budgets)
+        self.val_metrics = ranking_metrics(budgets, "val/")
+        self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
+        self.test_metrics = ranking_metrics(budgets, "test/")
+        self.test_snapkv = ranking_metrics(budgets, "test/snapkv_", kl=False)
+
+    # --- what a predictor defines ------------------------------------------------------------------------
+
+    def importance(self, sample: Sample, snapkv: bool = False) -> dict[str, torch.Tensor]:
+        """Predicted and true importance of one sample, sharing one prefill.
+
+        Returns:
+            ``pred`` and ``target`` ``(layers, kv_heads, S)`` (``pred`` a distribution over ``S``); ``cache``,
+            the prompt's cache (cropped back); with ``snapkv``, also ``snapkv_window`` (see
+            :meth:`prefill_sample`); a predictor may add what its :meth:`loss` needs.
+        """
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """State-dict key → parameter of everything that trains (what checkpoints keep)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What this module is, for error messages (e.g. ``lookahead module (smollm2-135m, ...)``)."""
+        return f"{type(self).__name__} ({self.hparams.model})"
+
+    def loss(self, sample: Sample, scores: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One sample's training loss: mean over (layer, KV head) of KL(s_GT ‖ predicted)."""
+        return importance_kl(scores["target"], scores["pred"]).mean()
+
+    # --- shared -------------------------------------------------------------------------------------------
+
+    def load_frozen_backbone(self, loader: Callable[..., tuple[PreTrainedModel, Any]]) -> PreTrainedModel:
+        """Load the frozen LLM with ``loader`` (:func:`lkv.model.backbone.load_backbone`, passed by the
+        subclass's module so tests can replace it there) onto the trainer's device, keep its tokenizer and
+        signature, and check it against the label folders."""
+        hp = self.hparams
+        device = self._trainer.strategy.root_device if self._trainer is not None else None
+        backbone, self.tokenizer = loader(
+            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
+        )
+        self.signature = model_signature(backbone, self.tokenizer, hp.model)
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if hasattr(datamodule, "check_model"):
+            datamodule.check_model(self.signature)
+        return backbone
+
+    def prefill_sample(
+        self,
+        model: PreTrainedModel,
+        sample: Sample,
+        snapkv: bool = False,
+        captures: Sequence[AttentionCapture] = (),
+    ) -> tuple[SharedPrefill, torch.Tensor | None]:
+        """Prefill one sample's prompt with ``model`` (no grad) and get its ground truth.
+
+        Args:
+            captures: further captures of the same prefill (e.g. a probe's attention inputs).
+
+        Returns:
+            The prefill (cache + float32 s_GT: the label's stored scores, or — for a responses-only label
+            folder — the response teacher-forced on that same cache) and, with ``snapkv``, the normalised
+            attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``, else ``None``.
+        """
+        ids = sample["prompt_ids"][None]
+        prompt_len = ids.shape[1]
+        window = ImportanceCapture(prompt_len, last_queries=self.hparams.snapkv_window) if snapkv else None
+        listed = [c for c in (window, *captures) if c is not None]
+        cache, _ = prefill(model, ids, **({"lkv_capture": listed} if listed else {}))
+        target = sample["scores"]
+        if target is None:
+            target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
+        window_scores = None if window is None else window.scores(model.config.num_hidden_layers)[0]
+        return SharedPrefill(cache, target.float()), window_scores
+
+    def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
+        losses, prefills = [], []
+        for sample in batch:
+            scores = self.importance(sample)
+            losses.append(self.loss(sample, scores))
+            prefills.append(SharedPrefill(scores["cache"], scores["target"]))
+        loss = torch.stack(losses).mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        self.log(
+            "train/prompt_tokens", float(sum(s["prompt_ids"].numel() for s in batch)), batch_size=len(batch)
+        )
+        return {"loss": loss, "prefills": prefills} if self.share_prefill else loss
+
+    def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics) -> dict[str, Any]:
+        hp = self.hparams
+        prefills = []
+        for sample in batch:
+            scores = self.importance(sample, snapkv=True)
+            metrics.update(scores["pred"], scores["target"])
+            snap = snapkv_scores(scores["snapkv_window"], hp.snapkv_window, hp.snapkv_kernel)
+            snapkv_metrics.update(snap, scores["target"])
+            prefills.append(SharedPrefill(scores.pop("cache"), scores["target"]))
+        self.log_dict(metrics, batch_size=len(batch))
+        self.log_dict(snapkv_metrics, batch_size=len(batch))
+        # The last sample's scores, for callbacks that plot them.
+        return {"id": batch[-1]["id"], **scores, **({"prefills": prefills} if self.share_prefill else {})}
+
+    def validation_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, self.val_metrics, self.val_snapkv)
+
+    def test_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, self.test_metrics, self.test_snapkv)
+
+    def hparams_metrics(self) -> list[str]:
+        """The validation metrics that rank fit runs in TensorBoard's HParams tab."""
+        return ["val/kl", *(f"val/recall@{c}" for c in self.hparams.eval_budgets), "val/kendall_tau"]
+
+    def on_fit_start(self) -> None:
+        # An HParams session (model.* and data.* settings, named metrics) in every TensorBoard run. Written
+        # before Lightning's own hyper-parameter logging: TensorBoard keeps a run's first session, so a
+        # logger left with `default_hp_metric` still shows these metrics, not its `hp_metric` placeholder.
+        # A trainer with `enable_autolog_hparams: false` (`lkv sweep` points, which log their own) gets none.
+        if not (self.trainer.enable_autolog_hparams and self.trainer.is_global_zero):
+            return
+        params = {f"model.{k}": v for k, v in self.hparams.items() if not k.startswith("_")}
+        datamodule = self.trainer.datamodule
+        if datamodule is not None:
+            params |= {f"data.{k}": v for k, v in datamodule.hparams.items() if not k.startswith("_")}
+        for logger in self.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                for summary in hparams_session(params, self.hparams_metrics()):
+                    logger.experiment.file_writer.add_summary(summary)
+
+    def on_train_epoch_start(self) -> None:
+        datamodule = self.trainer.datamodule
+        if hasattr(datamodule, "set_epoch"):
+            datamodule.set_epoch(self.current_epoch)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        return self.optimizer_for(list(self.trainable_parameters().values()))
+
+    def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
+        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser
+        dict); sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
+        if hp.scheduler == "cosine":
+            total = self.trainer.estimated_stepping_batches
+            if total == float("inf"):
+                raise ValueError(
+                    "the cosine schedule needs a known length: set trainer.max_steps (a streamed label set "
+                    "has no length), or use model.scheduler=constant"
+                )
+            total = int(total)
+            schedule = get_cosine_with_min_lr_schedule_with_warmup(
+                optimizer, hp.warmup_steps, max(total, hp.warmup_steps + 1), min_lr_rate=hp.min_lr_ratio
+            )
+        elif hp.scheduler == "constant":
+            schedule = get_constant_schedule_with_warmup(optimizer, hp.warmup_steps)
+        else:
+            raise ValueError(f"scheduler must be 'cosine' or 'constant', got {hp.scheduler!r}")
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def trainable_state_names(self) -> set[str]:
+        """State-dict keys of the trainable weights."""
+        return set(self.trainable_parameters())
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        keep = self.trainable_state_names()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # `load_from_checkpoint` calls this before `load_state_dict`: build the model the weights belong to.
+        self.configure_model()
+        expected = self.trainable_state_names()
+        found = set(checkpoint["state_dict"])
+        missing, unexpected = sorted(expected - found), sorted(found - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match this {self.describe()}: {len(missing)} trainable weights missing "
+                f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
+            )
+        # The frozen weights are the ones just loaded: hand them back (by reference) so loading matches the
+        # whole state dict instead of reporting every frozen tensor as missing.
+        frozen = {k: v for k, v in self.state_dict().items() if k not in expected}
+        checkpoint["state_dict"] = {**frozen, **checkpoint["state_dict"]}
