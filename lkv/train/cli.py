@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import warnings
 from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -36,6 +35,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
+from lkv.train.progress import FitProgressLines
 
 # Data settings that may change between a run and its resumption: they do not change the samples.
 RESUMABLE_DATA_CHANGES = ("num_workers",)
@@ -131,12 +131,6 @@ def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: s
 
 def lightning_main(args: list[str]) -> None:
     """Run LightningCLI with ``args`` (``["fit", "--config", "configs/X.yaml", ...]``)."""
-    # The frozen LLM stays in eval mode by design while the adapter trains.
-    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-    # `lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds.
-    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
-    # torchdata 0.11's StatefulDataLoader calls a torch API that newer torch flags on every epoch.
-    warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated")
     LookaheadCLI(
         LookaheadKVModule,
         LabelDataModule,
@@ -151,6 +145,8 @@ def lightning_main(args: list[str]) -> None:
             },
             # a config that sets `trainer.plugins` replaces this: list AtomicCheckpointIO there too
             "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},
+            # added to the config's callbacks, never replaced by them: progress lines in a log file
+            "callbacks": [FitProgressLines()],
         },
     )
 
