@@ -180,7 +180,7 @@ def demo(
     max_epochs: int | None = None,
     eval_config: str = "configs/eval/demo.yaml",
     refit: bool = False,
-    trace_tokens: int = 128,
+    trace_tokens: int = 64,
     trace_budget: int = 128,
     progress: bool = True,
 ) -> str:

@@ -1,6 +1,6 @@
 """A plain `lkv label` / `lkv fit` writing to a file (a pipe here) shows lkv's lines and progress, and no
-library notice: no `Warning` line, no litlogger advert. `LKV_VERBOSE=1` brings the notices back, which is
-what shows that the filters, not a quiet run, keep them out."""
+library notice: no `Warning` or deprecation line, no litlogger advert. `LKV_VERBOSE=1` brings the notices
+back, which is what shows that the filters, not a quiet run, keep them out."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import yaml
 from tests.cli.conftest import fit_settings, label_args, lkv_command, make_workspace, subprocess_env
 
 pytestmark = pytest.mark.multiprocess
-NOISE = re.compile(r"warning|litlogger", re.IGNORECASE)
+# Lightning prints the warnings raised in its own files as `path:line: message`, without the category
+NOISE = re.compile(r"warning|litlogger|deprecated", re.IGNORECASE)
 
 
 @pytest.fixture(scope="module")
