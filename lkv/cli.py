@@ -5,7 +5,8 @@ jsonargparse, so each accepts ``--config FILE.yaml``, ``--print_config`` and ``-
 imported lazily: ``lkv --help`` and config parsing never load torch models.
 
 Bad input (a wrong path, shape, setting or asset) ends with one ``lkv VERB: error: ...`` line and exit
-status 1 instead of a traceback; ``LKV_TRACEBACK=1`` shows the traceback as well.
+status 1 instead of a traceback; ``LKV_TRACEBACK=1`` shows the traceback as well. Known-harmless notices of
+the libraries are filtered (:mod:`lkv.core.quiet`); ``LKV_VERBOSE=1`` shows them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import importlib
 import os
 import sys
 
+from lkv.core.quiet import quiet
 from lkv.model.assets import AssetsMissingError
 
 LIGHTNING_VERBS = ("fit", "validate", "test")
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     if verb not in LIGHTNING_VERBS and verb not in VERBS:
         print(f"lkv: unknown verb {verb!r}\n\n{_usage()}", file=sys.stderr)
         raise SystemExit(2)
+    quiet()
     try:
         _run(verb, rest)
     except INPUT_ERRORS as error:

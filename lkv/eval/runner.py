@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from tqdm import tqdm
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
@@ -44,6 +43,7 @@ from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, crop_to, prefill
 from lkv.core.importance import response_importance
+from lkv.core.progress import Progress
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
 from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.results import RESULTS_FILE, ResultsFile
@@ -301,11 +301,10 @@ class Evaluator:
         units.sort(key=lambda unit: -unit.entries)
         if self.max_batch_tokens is None and self.token_cap is None:
             self.token_cap = device_batch_tokens(self.model)  # once, with the model loaded and no cache held
-        bar = tqdm(total=len(units), desc=f"eval {task.name}", unit="prompt", disable=not self.progress)
+        bar = Progress(f"lkv eval: {task.name}", len(units), "prompts", self.progress)
         for chunk in self._chunks(units):
-            bar.set_postfix_str(f"{chunk[0].sample.id} {chunk[0].setting}")
             self._run_chunk(task, chunk)
-            bar.update(len(chunk))
+            bar.update(len(chunk), f"{chunk[-1].sample.id} {chunk[-1].setting}")
         bar.close()
 
     def _chunks(self, units: list[_Unit]) -> Iterator[list[_Unit]]:
@@ -535,7 +534,7 @@ class Evaluator:
         task.check_model(model_signature(self.model, self.tokenizer, "evaluated model"))
         methods = [m for m in self.methods if m not in NOT_RANKED]
         labels = task.samples(self.tokenizer)  # lazily: each holds a (layers, kv_heads, S) target
-        for label in tqdm(labels, desc="eval importance", unit="prompt", disable=not self.progress):
+        for label in Progress(f"lkv eval: {task.name}", len(task), "prompts", self.progress).track(labels):
             todo = [
                 m for m in methods if (task.name, label.id, m, NO_BUDGET, "aware") not in self.results.done
             ]

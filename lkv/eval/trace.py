@@ -15,17 +15,20 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from lkv.core.generation import Sampling
+from lkv.core.progress import Progress
 from lkv.eviction.compressor import Compressor, Prompt
 
 
 def cache_length_traces(
-    compressors: dict[str, Compressor], prompt: Prompt, max_new_tokens: int
+    compressors: dict[str, Compressor], prompt: Prompt, max_new_tokens: int, progress: bool = True
 ) -> dict[str, list[int]]:
     """Method name → ``max_new_tokens`` cache lengths: entries per KV head (the most any layer holds) before
     decoding, then after each generated token that is fed back (all but the last). EOS does not end the
-    generation."""
+    generation. ``progress``: a bar over the methods (a line per method when output is not a terminal)."""
     traces = {}
-    for name, compressor in compressors.items():
+    for name, compressor in Progress("lkv trace", len(compressors), "methods", progress).track(
+        compressors.items()
+    ):
         endless = copy.copy(compressor)  # a shallow copy: same model and press, no EOS
         endless.eos_token_ids = []
         traces[name] = endless.generate(prompt, Sampling(max_new_tokens=max_new_tokens)).cache_lengths

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from lkv.core.chat import template_kwargs
 from lkv.core.generation import eos_ids
+from lkv.core.progress import Progress
 from lkv.labels.batched import label_batch, label_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
 from lkv.labels.prompts import Prompt, render_prompt
@@ -155,7 +156,8 @@ class LabelingModule(L.LightningModule):
 
 
 class ShardPredictionWriter(BasePredictionWriter):
-    """Streams each rank's labels into its own atomic parquet shards."""
+    """Streams each rank's labels into its own atomic parquet shards, and shows the rank's progress as lines
+    when output is not a terminal (:class:`~lkv.core.progress.Progress`; Lightning's bar draws the terminal)."""
 
     def __init__(self, output: str | Path, prompt_source: str, score_dtype: str, shard_size: int) -> None:
         super().__init__(write_interval="batch")
@@ -166,6 +168,7 @@ class ShardPredictionWriter(BasePredictionWriter):
         self.writer: ShardWriter | None = None
         self.skipped = 0
         self.written = 0
+        self.progress: Progress | None = None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: LabelingModule) -> None:
         hp = pl_module.hparams
@@ -185,6 +188,14 @@ class ShardPredictionWriter(BasePredictionWriter):
         )
         meta.extra["label_mode"] = hp.label_mode
         self.writer = ShardWriter(self.output, meta, self.shard_size, rank=trainer.global_rank)
+        rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
+        self.progress = Progress(
+            f"lkv label{rank}",
+            int(sum(trainer.num_predict_batches)),
+            "batches",
+            enabled=trainer.progress_bar_callback is not None,
+            bar=False,
+        )
 
     def write_on_batch_end(
         self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx
@@ -205,6 +216,7 @@ class ShardPredictionWriter(BasePredictionWriter):
                 doc_id=prompt.doc_id,
             )
             self.written += 1
+        self.progress.update(note=f"{self.written} prompts labelled")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: LabelingModule) -> None:
         self.writer.flush()

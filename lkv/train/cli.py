@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import warnings
 from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -40,6 +39,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
+from lkv.train.progress import FitProgressLines
 
 # Data settings that may change between a run and its resumption: they do not change the samples.
 RESUMABLE_DATA_CHANGES = ("num_workers",)
@@ -171,12 +171,6 @@ def lightning_main(args: list[str]) -> None:
     the arguments name a class (:func:`names_module_class`): then any
     :class:`~lkv.train.base.ImportanceModule` given as ``model: {class_path: ..., init_args: ...}``.
     """
-    # The frozen LLM stays in eval mode by design while the adapter trains.
-    warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
-    # `lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds.
-    warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended")
-    # torchdata 0.11's StatefulDataLoader calls a torch API that newer torch flags on every epoch.
-    warnings.filterwarnings("ignore", message=r"'set_vital' is deprecated")
     by_class = names_module_class(args)
     LookaheadCLI(
         ImportanceModule if by_class else LookaheadKVModule,
@@ -193,6 +187,8 @@ def lightning_main(args: list[str]) -> None:
             },
             # a config that sets `trainer.plugins` replaces this: list AtomicCheckpointIO there too
             "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},
+            # added to the config's callbacks, never replaced by them: progress lines in a log file
+            "callbacks": [FitProgressLines()],
         },
     )
 

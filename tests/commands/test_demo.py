@@ -15,6 +15,7 @@ import lkv.commands.eval
 import lkv.commands.export
 import lkv.commands.label
 import lkv.eval.runner
+import lkv.eviction.compressor
 import lkv.model.assets
 import lkv.train.cli
 import lkv.train.module
@@ -64,6 +65,25 @@ def test_demo_config_parses(capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert (ROOT / printed["eval_config"]).is_file() and (ROOT / printed["train_config"]).is_file()
     assert "demo" in (ROOT / "Makefile").read_text() and str(relative) in (ROOT / "Makefile").read_text()
+
+
+def test_the_demo_suite_is_a_part_of_the_full_suite_and_names_it():
+    """`make demo` runs configs/eval/demo.yaml; every row it computes is one of configs/eval/default.yaml's
+    (the same tasks and settings, fewer methods, budgets, settings and importance labels), and it says where
+    the full suite is."""
+    demo_suite = ROOT / yaml.safe_load(DEMO_CONFIG.read_text())["eval_config"]
+    assert demo_suite == ROOT / "configs" / "eval" / "demo.yaml"
+    assert any("configs/eval/default.yaml" in line for line in header_lines(demo_suite))
+    small, full = (
+        yaml.safe_load(p.read_text()) for p in (demo_suite, ROOT / "configs" / "eval" / "default.yaml")
+    )
+    for key in ("methods", "budgets", "settings"):
+        assert set(small[key]) <= set(full[key]), key
+    assert len(small["methods"]) < len(full["methods"]) and len(small["budgets"]) < len(full["budgets"])
+    assert {"fullkv", "lookaheadkv", "snapkv", "streamingllm"} <= set(small["methods"])
+    for task in small["tasks"]:  # an importance task may take only the first of the same labels
+        first = {**task, "init_args": {k: v for k, v in task["init_args"].items() if k != "max_samples"}}
+        assert first in full["tasks"], task
 
 
 def test_fit_config_redirects_the_recipe_and_still_parses(tmp_path, monkeypatch, capsys):
@@ -154,6 +174,7 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
     assert calls == ["assets", "label train 3", "label heldout 2", "fit", "export last.ckpt", "eval", "trace"]
     report = (out / "report.md").read_text()
     assert "| fit (" in report and "| **total** |" in report and "**niah**, question-aware" in report
+    assert "| stage | wall time | CPU time |" in report
     assert "## Cache length (fake)" in report
     assert (out / "fit.yaml").is_file() and (out / "plots" / "niah_aware.png").is_file()
 
@@ -180,3 +201,20 @@ def test_demo_runs_the_stages_and_reuses_earlier_work(tmp_path, monkeypatch, cap
 
     demo(**settings, label_mode="agnostic")  # question-agnostic labels reach both label runs
     assert modes[-2:] == ["agnostic", "agnostic"]
+
+
+def test_a_cache_length_trace_is_reused_only_at_its_own_length(tmp_path, monkeypatch):
+    class Loaded(Exception):
+        pass
+
+    def load(_adapter):
+        raise Loaded
+
+    monkeypatch.setattr(lkv.eviction.compressor, "load_lookahead", load)
+    (tmp_path / "cache_lengths.json").write_text(
+        json.dumps({"fullkv": [100, 101, 102], "quest": [100, 101, 102]})
+    )
+    lines = lkv.commands.demo.cache_length_section(tmp_path / "adapter", tmp_path, 2, 3, False)
+    assert "| fullkv | 100 | 102 | 102 |" in lines and (tmp_path / "plots" / "cache_length.png").is_file()
+    with pytest.raises(Loaded):  # a trace of another length is made again
+        lkv.commands.demo.cache_length_section(tmp_path / "adapter", tmp_path, 2, 4, False)

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lkv.core.metrics import ranking_metrics
 from lkv.eval.tasks.base import Benchmark
-from lkv.labels.shards import load_labels, read_meta, row_scores
+from lkv.labels.shards import load_labels, read_meta, row_scores, shard_rows
 from lkv.model.backbone import ModelSignature, check_compatible
 
 # Methods with nothing to rank here, and why (shown in reports).
@@ -65,6 +65,11 @@ class ImportanceTask(Benchmark):
         """Refuse labels made with another model or tokenizer (their scores would not describe this one)."""
         meta = read_meta(self.folder)
         check_compatible(ModelSignature.from_dict(meta.model), signature, f"label folder {self.folder}")
+
+    def __len__(self) -> int:
+        """Labels that :meth:`samples` yields (counted from the shard footers)."""
+        rows = sum(count for _, count in shard_rows(self.folder))
+        return rows if self.max_samples is None else min(rows, self.max_samples)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase | None = None) -> Iterator[LabelSample]:
         """The labels, read lazily (the prompts are already token ids, so no tokenizer is needed)."""

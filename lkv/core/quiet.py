@@ -1,0 +1,99 @@
+"""What the ``lkv`` entry point lets through to a terminal: lkv's own lines, progress bars and real warnings.
+
+The libraries lkv builds on print notices that say nothing about a run: adverts, deprecations inside their
+own code, notes on settings lkv chose on purpose. Each one is filtered here, by its message and category
+(warnings) or its logger and message (log lines), with the reason next to it; nothing else is hidden, so
+a new or unexpected warning still shows. ``LKV_VERBOSE=1`` switches every filter off.
+
+Progress bars, the libraries' included (loading weights, writing a parquet shard, downloading a hub model),
+are left alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+VERBOSE_ENV = "LKV_VERBOSE"
+
+# (message regex matched at the start of the warning, category or a base class of it, why it is harmless)
+HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
+    (
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        FutureWarning,
+        "torch deprecated LeafSpec; Lightning 2.6's own _pytree still builds one per batch",
+    ),
+    (
+        r"`is_gradient_checkpointing` is deprecated",
+        FutureWarning,
+        "transformers 5 renamed the property; peft reads the old name when it wraps the backbone",
+    ),
+    (
+        r"'set_vital' is deprecated",
+        UserWarning,
+        "torchdata 0.11's StatefulDataLoader calls a torch API that newer torch flags on every epoch",
+    ),
+    (
+        r"Found \d+ module\(s\) in eval mode",
+        UserWarning,  # Lightning's PossibleUserWarning
+        "the frozen backbone stays in eval mode by design while the adapter trains",
+    ),
+    (
+        r"The number of training batches \(\d+\) is smaller than the logging interval",
+        UserWarning,  # Lightning's PossibleUserWarning
+        "a short fit (a small demo, a test) logs at its end; nothing is lost",
+    ),
+    (
+        r"LightningCLI's args parameter is intended",
+        UserWarning,
+        "`lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds",
+    ),
+)
+
+# (logger, message regex, why it is harmless): informational lines of the libraries
+HARMLESS_LOG_LINES: tuple[tuple[str, str, str], ...] = (
+    ("lightning.pytorch.utilities.rank_zero", r"💡 Tip: .*litlogger", "an advert for a cloud service"),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"(GPU|TPU|HPU) available: False",
+        "an accelerator this machine does not have (a present but unused one is a Lightning warning)",
+    ),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"Loading `train_dataloader` to estimate number of stepping batches",
+        "the learning-rate schedule asks for the fit's step count before the loop opens its loader",
+    ),
+)
+
+
+def verbose() -> bool:
+    """Whether ``LKV_VERBOSE`` asks to see everything (set and not ``0``/``false``/empty)."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records of one logger whose message matches one of ``patterns``."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        super().__init__()
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+def quiet() -> None:
+    """Install the filters above in this process (idempotent; nothing when :func:`verbose`)."""
+    if verbose():
+        return
+    for message, category, _ in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    by_logger: dict[str, list[str]] = {}
+    for name, pattern, _ in HARMLESS_LOG_LINES:
+        by_logger.setdefault(name, []).append(pattern)
+    for name, patterns in by_logger.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(patterns))
