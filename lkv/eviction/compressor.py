@@ -293,8 +293,7 @@ class Compressor:
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            sink, recent = self._protected(scored.prompt_len, tokens)
-            kept = select_indices(scored.scores, budgets, sink, recent, self.kernel, self.pooling)
+            kept = self.select(scored.scores, budget)
             cache = gather_cache(cache, kept)
         evicted = clock(self.device)
         return CompressedPrompt(
@@ -310,6 +309,17 @@ class Compressor:
             budget=tokens,
             layer_budgets=budgets,
         )
+
+    def select(self, scores: torch.Tensor, budget: int | float) -> list[torch.Tensor]:
+        """The positions an eviction to ``budget`` keeps: per layer ``(1, kv_heads, C_l)``, ascending.
+
+        Args:
+            scores: the press's ``(1, layers, kv_heads, S)`` scores of a prompt of ``S`` tokens.
+        """
+        prompt_len = scores.shape[-1]
+        sink, recent = self._protected(prompt_len, budget_tokens(budget, prompt_len))
+        budgets = self.layer_budgets(budget, prompt_len)
+        return select_indices(scores, budgets, sink, recent, self.kernel, self.pooling)
 
     def _protected(self, prompt_len: int, tokens: int) -> tuple[int, int]:
         """``(sink, recent)`` the selector always keeps: the method's own, the policy's, the user's."""

@@ -22,6 +22,8 @@ training and validation steps also return every sample's prefill as a :class:`Sh
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +45,29 @@ from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.datamodule import Sample
+
+
+def draw_position_offset(max_offset: int, seed: int, epoch: int, batch_idx: int, index: int) -> int:
+    """The lookahead position offset of sample ``index`` of batch ``batch_idx`` in ``epoch``: uniform on
+    ``{0, …, max_offset}``, a function of its arguments only (a resumed fit, and a sibling module with the same
+    seed, draw the same offsets)."""
+    if max_offset == 0:
+        return 0
+    return random.Random(f"lkv-offset:{seed}:{epoch}:{batch_idx}:{index}").randint(0, max_offset)
+
+
+def adapter_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The :meth:`LookaheadAdapter.create` arguments of a module's hyper-parameters (``num_lookahead`` → ``num_tokens``,
+    ``lora_targets`` → ``target_modules``, ...); sibling modules of an in-run ablation are built from here too."""
+    return {
+        "num_tokens": hparams["num_lookahead"],
+        "lora_rank": hparams["lora_rank"],
+        "lora_alpha": hparams["lora_alpha"],
+        "lora_dropout": hparams["lora_dropout"],
+        "target_modules": hparams["lora_targets"],
+        "init": hparams["lookahead_init"],
+        "seed": hparams["seed"],
+    }
 
 
 @dataclass
@@ -83,7 +108,11 @@ class LookaheadKVModule(L.LightningModule):
         min_lr_ratio: final learning rate of the cosine schedule, as a fraction of ``lr``.
         eval_budgets: budgets C of the validation Recall@C.
         snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
-        seed: seed of the embedding and LoRA initialisation.
+        seed: seed of the embedding and LoRA initialisation (and of the position offsets).
+        max_position_offset: position-offset augmentation: each training sample's lookahead tokens sit a random
+            ``o ~ U{0..max_position_offset}`` positions past the prompt (:meth:`LookaheadAdapter.predict`), so
+            prompts of ~1K tokens teach the query–key distances of prompts up to ~1K + this; 0 = off.
+            Validation and inference use no offset.
     """
 
     def __init__(
@@ -107,11 +136,16 @@ class LookaheadKVModule(L.LightningModule):
         snapkv_window: int = 32,
         snapkv_kernel: int = 7,
         seed: int = 0,
+        max_position_offset: int = 0,
     ) -> None:
         super().__init__()
         if not eval_budgets or min(eval_budgets) <= 0:
             raise ValueError(
                 f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
+            )
+        if max_position_offset < 0:
+            raise ValueError(
+                f"model.max_position_offset: expected ≥ 0 positions, found {max_position_offset}"
             )
         self.save_hyperparameters()
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
@@ -140,20 +174,16 @@ class LookaheadKVModule(L.LightningModule):
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         if hasattr(datamodule, "check_model"):
             datamodule.check_model(self.signature)
-        self.adapter = LookaheadAdapter.create(
-            backbone,
-            num_tokens=hp.num_lookahead,
-            lora_rank=hp.lora_rank,
-            lora_alpha=hp.lora_alpha,
-            lora_dropout=hp.lora_dropout,
-            target_modules=hp.lora_targets,
-            init=hp.lookahead_init,
-            seed=hp.seed,
-        )
+        self.adapter = LookaheadAdapter.create(backbone, **adapter_settings(hp))
         self.adapter.config.base_model = self.signature.to_dict()
 
-    def importance(self, sample: Sample, snapkv: bool = False) -> dict[str, torch.Tensor]:
+    def importance(
+        self, sample: Sample, snapkv: bool = False, position_offset: int = 0
+    ) -> dict[str, torch.Tensor]:
         """Predicted and true importance of one sample, sharing one prefill.
+
+        Args:
+            position_offset: the lookahead tokens' position offset (:meth:`LookaheadAdapter.predict`).
 
         Returns:
             ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
@@ -168,15 +198,20 @@ class LookaheadKVModule(L.LightningModule):
         target = sample["scores"]
         if target is None:
             target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
-        out = {"target": target.float(), "pred": self.adapter.predict(cache, prompt_len)[0], "cache": cache}
+        pred = self.adapter.predict(cache, prompt_len, position_offset)[0]
+        out = {"target": target.float(), "pred": pred, "cache": cache}
         if snapkv:
             out["snapkv_window"] = capture.scores(model.config.num_hidden_layers)[0]
         return out
 
     def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
         losses, prefills = [], []
-        for sample in batch:
-            scores = self.importance(sample)
+        for index, sample in enumerate(batch):
+            hp = self.hparams
+            offset = draw_position_offset(
+                hp.max_position_offset, hp.seed, self.current_epoch, batch_idx, index
+            )
+            scores = self.importance(sample, position_offset=offset)
             losses.append(importance_kl(scores["target"], scores["pred"]).mean())
             prefills.append(SharedPrefill(scores["cache"], scores["target"]))
         loss = torch.stack(losses).mean()
