@@ -12,10 +12,13 @@ from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
-from lkv.eviction.presses import OraclePress, Press
+from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press
 from lkv.eviction.registry import DEFAULT_METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter
+
+# the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
+LOOKAHEAD_PREFIX = "lookaheadkv:"
 
 
 def evaluate(
@@ -26,6 +29,7 @@ def evaluate(
     output: str = "reports/eval",
     model: str = "smollm2-135m",
     adapter: str | None = None,
+    adapters: dict[str, str] | None = None,
     press_args: dict[str, dict[str, Any]] | None = None,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
@@ -48,6 +52,9 @@ def evaluate(
         model: embedded short name, local folder, ``.gguf`` file or hub id.
         adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
             checkpoint (``.ckpt``).
+        adapters: more lookahead modules, name → folder or checkpoint, each evaluated as the method
+            ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
+            two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
@@ -64,6 +71,15 @@ def evaluate(
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
         raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
+    adapters = dict(adapters or {})
+    if adapters and adapter is None:
+        raise ValueError("--adapters adds lookahead modules beside --adapter's; give --adapter too")
+    bad_names = [n for n in adapters if not n or not all(c.isalnum() or c in "_-." for c in n)]
+    if bad_names:
+        raise ValueError(
+            f"--adapters: names must be non-empty letters, digits, '_', '-' or '.', got {bad_names}"
+        )
+    methods += [f"{LOOKAHEAD_PREFIX}{name}" for name in adapters]
     press_args = dict(press_args or {})
     unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
     if unused:
@@ -77,6 +93,7 @@ def evaluate(
         {
             "model": model,
             "adapter": None if adapter is None else fingerprint(adapter),
+            **({"adapters": {n: fingerprint(f) for n, f in adapters.items()}} if adapters else {}),
             "press_args": press_args,
             "dtype": dtype,
         },
@@ -89,7 +106,14 @@ def evaluate(
             model, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
     presses: dict[str, Press] = {}
+    for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
+        host = lookahead.adapter.model
+        presses[f"{LOOKAHEAD_PREFIX}{name}"] = LookaheadKVPress.from_folder(
+            resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
+        )
     for method in methods:
+        if method in presses:
+            continue
         if method == "lookaheadkv":
             presses[method] = lookahead
         elif method == "oracle":

@@ -269,12 +269,22 @@ class LookaheadAdapter(nn.Module):
         return cls(model, embeddings, config, trainable=True, adapter_name=adapter_name)
 
     @classmethod
-    def load(cls, folder: str | Path, model: PreTrainedModel, trainable: bool = False) -> LookaheadAdapter:
+    def load(
+        cls,
+        folder: str | Path,
+        model: PreTrainedModel | PeftModel,
+        trainable: bool = False,
+        adapter_name: str = DEFAULT_ADAPTER,
+    ) -> LookaheadAdapter:
         """Rebuild a module saved by :meth:`save` (an ``lkv export`` folder) on top of ``model``.
 
         Args:
-            model: the base model (prepared with ``install_capture``); its shape must match the saved one.
+            model: the base model (prepared with ``install_capture``); its shape must match the saved one. It
+                may already carry other lookahead modules (their ``PeftModel``): this one's LoRA then joins them
+                as the peft adapter ``adapter_name``, so several modules score one prefill (``lkv eval
+                --adapters``).
             trainable: keep the embeddings and LoRA weights trainable (to continue training).
+            adapter_name: the peft name of this module's LoRA on ``model``.
         """
         folder = Path(folder)
         path = folder / CONFIG_FILE
@@ -295,10 +305,19 @@ class LookaheadAdapter(nn.Module):
                 f"{folder / EMBEDDINGS_FILE}: embeddings have shape {tuple(embeddings.shape)}, "
                 f"{CONFIG_FILE} says ({config.num_tokens}, {config.hidden_size})"
             )
-        model.requires_grad_(False)
+        if not isinstance(model, PeftModel):  # a shared PeftModel is frozen already
+            model.requires_grad_(False)
         if config.uses_lora:
-            model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
-        return cls(model, embeddings, config, trainable=trainable)
+            if isinstance(model, PeftModel):
+                if adapter_name in model.peft_config:
+                    raise ValueError(f"the model already has a LoRA adapter named {adapter_name!r}")
+                with _trainability_kept(model):
+                    model.load_adapter(str(folder), adapter_name=adapter_name, is_trainable=trainable)
+            else:
+                model = PeftModel.from_pretrained(
+                    model, str(folder), adapter_name=adapter_name, is_trainable=trainable
+                )
+        return cls(model, embeddings, config, trainable=trainable, adapter_name=adapter_name)
 
     def save(self, folder: str | Path) -> None:
         """Write the standalone adapter folder (peft files + embeddings + ``lookahead.json``).

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
-from lkv.model.lookahead import LookaheadAdapter
+from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter
 
 
 class LookaheadKVPress(Press):
@@ -25,9 +25,12 @@ class LookaheadKVPress(Press):
         self.adapter = adapter
 
     @classmethod
-    def from_folder(cls, folder: str | Path, model: PreTrainedModel) -> LookaheadKVPress:
-        """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off)."""
-        return cls(LookaheadAdapter.load(folder, model))
+    def from_folder(
+        cls, folder: str | Path, model: PreTrainedModel, adapter_name: str = DEFAULT_ADAPTER
+    ) -> LookaheadKVPress:
+        """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off); ``model``
+        may be another press's ``adapter.model``, to score one prefill with several modules."""
+        return cls(LookaheadAdapter.load(folder, model, adapter_name=adapter_name))
 
     @property
     def base_model(self) -> PreTrainedModel:
