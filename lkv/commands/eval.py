@@ -8,7 +8,7 @@ from typing import Any
 
 from lkv.commands.signals import exit_on_sigterm
 from lkv.eval.report import write_report
-from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint
+from lkv.eval.results import RESULTS_FILE, ResultsFile, adapter_method, check_run, fingerprint
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
@@ -55,7 +55,8 @@ def evaluate(
         adapters: more lookahead modules, name → folder or checkpoint, each evaluated as the method
             ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
             two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
-        press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
+        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}`` (a lookahead
+            module takes only its pooling: kernel, pooling).
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -81,12 +82,18 @@ def evaluate(
         )
     methods += [f"{LOOKAHEAD_PREFIX}{name}" for name in adapters]
     press_args = dict(press_args or {})
-    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv"}))
+    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle"}))
     if unused:
         raise ValueError(
-            f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-            "FullKV answer) and lookaheadkv (settings come from its adapter) take settings"
+            f"press_args given for {unused}: only evaluated methods other than fullkv and oracle (scored from "
+            "the FullKV answer) take settings"
         )
+    for method, settings in press_args.items():
+        if adapter_method(method) and not set(settings) <= {"kernel", "pooling"}:
+            raise ValueError(
+                f"press_args for {method}: a lookahead module takes only kernel and pooling (its other "
+                f"settings come from its adapter folder), got {sorted(settings)}"
+            )
     out = Path(output)
     check_run(
         out,
@@ -108,14 +115,18 @@ def evaluate(
     presses: dict[str, Press] = {}
     for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
         host = lookahead.adapter.model
-        presses[f"{LOOKAHEAD_PREFIX}{name}"] = LookaheadKVPress.from_folder(
-            resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
+        method = f"{LOOKAHEAD_PREFIX}{name}"
+        presses[method] = LookaheadKVPress.from_folder(
+            resolve_adapter(path, model),
+            host,
+            adapter_name=f"lookahead_{name}".replace(".", "_"),
+            **press_args.get(method, {}),
         )
     for method in methods:
         if method in presses:
             continue
         if method == "lookaheadkv":
-            presses[method] = lookahead
+            presses[method] = LookaheadKVPress(lookahead.adapter, **press_args.get(method, {}))
         elif method == "oracle":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
         else:

@@ -12,15 +12,26 @@ from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
 
-STREAMED = ["snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "random", "lookaheadkv"]
+STREAMED = [
+    "snapkv",
+    "pyramidkv",
+    "tova",
+    "h2o",
+    "streamingllm",
+    "random",
+    "lookaheadkv",
+    "lookaheadkv-pooled",
+]
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 
 
 def test_exactly_the_per_layer_local_methods_stream():
-    built = {name: make_method(name, **SETTINGS[name]) for name in SETTINGS if name != "lookaheadkv"}
+    built = {
+        name: make_method(name, **SETTINGS[name]) for name in SETTINGS if not name.startswith("lookaheadkv")
+    }
     streamable = {name for name, press in built.items() if press.streamable}
-    assert streamable == set(STREAMED) - {"lookaheadkv"}
+    assert streamable == {m for m in STREAMED if not m.startswith("lookaheadkv")}
     assert LookaheadKVPress.streamable
 
 

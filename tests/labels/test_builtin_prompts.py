@@ -88,7 +88,9 @@ def test_fact_depths_put_the_facts_early_in_the_passage(tiny_corpus):
     assert max(p.meta["depth"] for p in early) <= 0.32 < max(p.meta["depth"] for p in default)
     # the same passages and facts, only moved: a default-range run draws what it always drew
     assert [p.answer for p in early] == [p.answer for p in default]
-    assert [p.id for p in builtin(tiny_corpus, fact_depths=(0.0, 1.0))] == [p.id for p in builtin(tiny_corpus)]
+    assert [p.id for p in builtin(tiny_corpus, fact_depths=(0.0, 1.0))] == [
+        p.id for p in builtin(tiny_corpus)
+    ]
     assert "fact_depths=[0.0, 0.3]" in builtin(tiny_corpus, fact_depths=(0.0, 0.3)).describe()
 
 
