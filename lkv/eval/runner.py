@@ -489,17 +489,20 @@ class Evaluator:
             scored = {m: self.compressors[m].press for m, _ in todo if m != "oracle"}
             shared = shared_prefill(self.model, ids, scored)
             scores = {m: self._press_scores(m, shared) for m in scored}
+            # The FullKV answer: whether FullKV finds the needle at all, and the Oracle's queries.
+            start = clock(ids.device)
+            answer = decode(
+                self.model,
+                shared.cache,
+                shared.next_logits,
+                shared.prompt_len,
+                sample.max_new_tokens,
+                self.full.eos_token_ids,
+            )
+            crop_to(shared.cache, shared.prompt_len)
+            text = self.tokenizer.decode(answer, skip_special_tokens=True)
+            fullkv = task.needles.score(text, sample)[task.needles.metric]
             if "oracle" in dict(todo):
-                start = clock(ids.device)
-                answer = decode(
-                    self.model,
-                    shared.cache,
-                    shared.next_logits,
-                    shared.prompt_len,
-                    sample.max_new_tokens,
-                    self.full.eos_token_ids,
-                )
-                crop_to(shared.cache, shared.prompt_len)
                 response = torch.tensor([answer], device=ids.device)
                 oracle = response_importance(self.model, shared.cache, shared.prompt_len, response)
                 scores["oracle"] = (oracle[None], clock(ids.device) - start)
@@ -518,6 +521,7 @@ class Evaluator:
                         "per_head": [round(v, 4) for v in share.flatten().tolist()],
                         "prompt_tokens": shared.prompt_len,
                         "value_tokens": len(positions),
+                        "fullkv_score": fullkv,
                         "prefill_s": shared.seconds,
                         "score_s": scores[method][1],
                         "meta": sample.meta,

@@ -79,7 +79,7 @@ def test_runner_rows_match_the_eviction_kept_sets(tiny_llama, tiny_corpus, tmp_p
                 r for r in rows if (r["sample"], r["method"], r["budget"]) == (sample.id, method, "16")
             )
             assert row["per_head"] == [round(v, 4) for v in kept_share(kept, positions).flatten().tolist()]
-            assert row["value_tokens"] == len(positions)
+            assert row["value_tokens"] == len(positions) and row["fullkv_score"] in (0.0, 1.0)
         everything = [r for r in rows if r["sample"] == sample.id and r["budget"] == "4096"]
         assert {r["score"] for r in everything} == {1.0}
     # a rerun finds every row done

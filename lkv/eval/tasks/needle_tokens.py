@@ -9,9 +9,10 @@ heads is dominated by sink and recent tokens; this one is not.
 
 Each row's ``score`` is the mean share over (layer, KV head); ``metrics`` add ``heads_all`` (heads keeping
 every value token), ``heads_any`` (heads keeping at least one) and ``per_head`` (``layers × kv_heads`` shares,
-layer-major), so a report can tell whether a few retrieval heads lose the needle or all heads do. The Oracle's
-scores are the attention of the model's own full-cache answer (greedy, teacher-forced on the full cache), as
-in ``lkv eval``'s end tasks.
+layer-major), so a report can tell whether a few retrieval heads lose the needle or all heads do. Each sample's
+full-cache answer is decoded once (greedy): ``fullkv_score`` says whether FullKV finds the needle at all, and
+the Oracle's scores are that answer's attention (teacher-forced on the full cache), as in ``lkv eval``'s end
+tasks.
 """
 
 from __future__ import annotations
