@@ -98,8 +98,8 @@ def oracle_head_table(rows: list[dict[str, Any]], methods: list[str], distances:
     ]
     for budget in BUDGETS:
         hits: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-        for (sample, method, b), oracle in ((k, v) for k, v in by_key.items() if k[1] == "oracle"):
-            if b != budget:
+        for (sample, _, b), oracle in by_key.items():
+            if oracle["method"] != "oracle" or b != budget:
                 continue
             heads = [i for i, s in enumerate(oracle["per_head"]) if s >= 1.0]
             distance = oracle["meta"]["distance"]
