@@ -38,14 +38,20 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MetricCollection
 
-from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.core.metrics import ranking_metrics
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.grid import grid_points, point_name, write_summary
-from lkv.train.module import LookaheadKVModule, SharedPrefill, adapter_settings, draw_position_offset
+from lkv.train.module import (
+    LookaheadKVModule,
+    SharedPrefill,
+    adapter_settings,
+    draw_position_offset,
+    training_loss,
+)
 from lkv.train.overhead import lookahead_overhead
 
 # Module settings a grid may vary: the arguments of `LookaheadAdapter.create` and the training step's position
-# offset; the optimiser is the main one's.
+# offset and loss; the optimiser is the main one's.
 ABLATION_KEYS = (
     "num_lookahead",
     "lookahead_init",
@@ -55,6 +61,8 @@ ABLATION_KEYS = (
     "lora_targets",
     "seed",
     "max_position_offset",
+    "topc_loss_weight",
+    "topc_loss_budget",
 )
 PREFIX = "ablation"
 # A GradScaler would have to scale every sibling's loss too.
@@ -211,7 +219,7 @@ class LookaheadAblation(L.Callback):
                         index,
                     )
                     pred = point.adapter.predict(p.cache, p.prompt_len, offset)[0]
-                    losses.append(importance_kl(p.target, pred).mean())
+                    losses.append(training_loss(p.target, pred, point.settings).mean())
                 loss = torch.stack(losses).mean()
             # Lightning divides the main loss by the accumulation window the same way.
             (loss / trainer.accumulate_grad_batches).backward()

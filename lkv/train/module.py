@@ -39,7 +39,7 @@ from transformers.optimization import (
 from lkv.core.attention import ImportanceCapture
 from lkv.core.generation import prefill
 from lkv.core.importance import response_importance
-from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.core.metrics import importance_loss, ranking_metrics
 from lkv.eval.tensorboard import hparams_session
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, load_backbone, model_signature
@@ -68,6 +68,12 @@ def adapter_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
         "init": hparams["lookahead_init"],
         "seed": hparams["seed"],
     }
+
+
+def training_loss(target: torch.Tensor, pred: torch.Tensor, hparams: Mapping[str, Any]) -> torch.Tensor:
+    """Per-row training loss ``(..., S) → (...)`` of a module's hyper-parameters (the KL, plus the top-``C``
+    term when ``topc_loss_weight`` > 0); sibling modules of an in-run ablation use it with their own."""
+    return importance_loss(target, pred, hparams["topc_loss_weight"], hparams["topc_loss_budget"])
 
 
 @dataclass
@@ -113,6 +119,9 @@ class LookaheadKVModule(L.LightningModule):
             ``o ~ U{0..max_position_offset}`` positions past the prompt (:meth:`LookaheadAdapter.predict`), so
             prompts of ~1K tokens teach the query–key distances of prompts up to ~1K + this; 0 = off.
             Validation and inference use no offset.
+        topc_loss_weight, topc_loss_budget: the weight of a top-``C`` term added to the KL
+            (:func:`lkv.core.metrics.importance_loss`: ``−log`` of the predicted mass on the true top-``C``
+            positions of each (layer, KV head)); 0 = the paper's KL alone.
     """
 
     def __init__(
@@ -137,11 +146,18 @@ class LookaheadKVModule(L.LightningModule):
         snapkv_kernel: int = 7,
         seed: int = 0,
         max_position_offset: int = 0,
+        topc_loss_weight: float = 0.0,
+        topc_loss_budget: int = 64,
     ) -> None:
         super().__init__()
         if not eval_budgets or min(eval_budgets) <= 0:
             raise ValueError(
                 f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
+            )
+        if topc_loss_weight < 0 or topc_loss_budget <= 0:
+            raise ValueError(
+                f"model.topc_loss_weight must be ≥ 0 and model.topc_loss_budget positive, found "
+                f"{topc_loss_weight} and {topc_loss_budget}"
             )
         if max_position_offset < 0:
             raise ValueError(
@@ -212,7 +228,7 @@ class LookaheadKVModule(L.LightningModule):
                 hp.max_position_offset, hp.seed, self.current_epoch, batch_idx, index
             )
             scores = self.importance(sample, position_offset=offset)
-            losses.append(importance_kl(scores["target"], scores["pred"]).mean())
+            losses.append(training_loss(scores["target"], scores["pred"], hp).mean())
             prefills.append(SharedPrefill(scores["cache"], scores["target"]))
         loss = torch.stack(losses).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))

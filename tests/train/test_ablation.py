@@ -243,14 +243,20 @@ def test_the_shipped_ablation_runs_the_sweeps_grid_and_recipe():
     assert len(LookaheadAblation(**args).values) == 12
 
 
-def test_a_position_offset_sibling_equals_its_separate_fit(tiny_backbone, label_folders, tmp_path):
-    """A grid over the training step's ``max_position_offset`` (not a module setting): the sibling draws the same
-    offsets as a fit of that variant alone, and they reach its loss (it differs from the main module's)."""
-    grid = {"max_position_offset": [3000]}
-    fit(tmp_path / "alone", label_folders, max_steps=4, max_position_offset=3000)
+@pytest.mark.parametrize(
+    "settings", [{"max_position_offset": 3000}, {"topc_loss_weight": 1.0, "topc_loss_budget": 4}]
+)
+def test_a_training_step_setting_sibling_equals_its_separate_fit(
+    tiny_backbone, label_folders, tmp_path, settings
+):
+    """A grid over settings of the training step, not of the module (the position offset, the loss): the sibling
+    trains as a fit of that variant alone, and the setting reaches its loss (it differs from the main module's)."""
+    fit(tmp_path / "alone", label_folders, max_steps=4, **settings)
+    grid = {key: [value] for key, value in settings.items()}
     fit(tmp_path / "grid", label_folders, max_steps=4, ablation=ablation(tmp_path / "grid", grid))
     got = scalars(tmp_path / "grid")
-    assert_siblings_match_separate_fits(got, {"max_position_offset=3000": scalars(tmp_path / "alone")})
+    name = point_name(settings)
+    assert_siblings_match_separate_fits(got, {name: scalars(tmp_path / "alone")})
     main = torch.tensor([v for _, v in got["train/loss"]])
-    offset = torch.tensor([v for _, v in got["ablation/max_position_offset=3000/train/loss"]])
-    assert (main - offset).abs().max() > 1e-4
+    variant = torch.tensor([v for _, v in got[f"ablation/{name}/train/loss"]])
+    assert (main - variant).abs().max() > 1e-4
