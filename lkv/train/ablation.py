@@ -218,7 +218,7 @@ class LookaheadAblation(L.Callback):
                         batch_idx,
                         index,
                     )
-                    pred = point.adapter.predict(p.cache, p.prompt_len, offset)[0]
+                    pred = point.adapter.predict(p.cache, p.prompt_len, p.position_offset + offset)[0]
                     losses.append(training_loss(p.target, pred, point.settings).mean())
                 loss = torch.stack(losses).mean()
             # Lightning divides the main loss by the accumulation window the same way.

@@ -56,6 +56,17 @@ def draw_position_offset(max_offset: int, seed: int, epoch: int, batch_idx: int,
     return random.Random(f"lkv-offset:{seed}:{epoch}:{batch_idx}:{index}").randint(0, max_offset)
 
 
+def draw_position_gap(
+    max_gap: int, seed: int, epoch: int, batch_idx: int, index: int, prompt_len: int
+) -> tuple[int, int]:
+    """``(cut, g)`` of the position gap of a sample (as :func:`draw_position_offset`): ``cut ~ U{0..S}``,
+    ``g ~ U{0..max_gap}``; ``(0, 0)`` when ``max_gap`` is 0."""
+    if max_gap == 0:
+        return 0, 0
+    rng = random.Random(f"lkv-gap:{seed}:{epoch}:{batch_idx}:{index}")
+    return rng.randint(0, prompt_len), rng.randint(0, max_gap)
+
+
 def adapter_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     """The :meth:`LookaheadAdapter.create` arguments of a module's hyper-parameters (``num_lookahead`` → ``num_tokens``,
     ``lora_targets`` → ``target_modules``, ...); sibling modules of an in-run ablation are built from here too."""
@@ -84,10 +95,13 @@ class SharedPrefill:
         cache: the prompt's cache, cropped back to exactly ``S`` entries per layer and free of the module's
             graph: another module's :meth:`LookaheadAdapter.predict` may run on it (and crops back again).
         target: ``(layers, kv_heads, S)`` float32 s_GT.
+        position_offset: how far the prompt's last positions were moved (a position gap): lookahead tokens
+            on this cache start at ``S + position_offset``.
     """
 
     cache: DynamicCache
     target: torch.Tensor
+    position_offset: int = 0
 
     @property
     def prompt_len(self) -> int:
@@ -119,6 +133,13 @@ class LookaheadKVModule(L.LightningModule):
             ``o ~ U{0..max_position_offset}`` positions past the prompt (:meth:`LookaheadAdapter.predict`), so
             prompts of ~1K tokens teach the query–key distances of prompts up to ~1K + this; 0 = off.
             Validation and inference use no offset.
+        max_position_gap: position-gap augmentation: each training prompt is prefilled with its positions from a
+            random cut ``k ~ U{0..S}`` on moved ``g ~ U{0..max_position_gap}`` further (and the lookahead tokens with
+            them), so the tokens before the cut sit ``g`` further from the question and from the lookahead queries
+            while the prompt's end stays next to them: a short prompt shaped like a long one whose answer is far
+            from the end. The labels (the response's attention without the gap) are kept; a responses-only label's
+            ground truth is computed on the gapped prefill. Validation and inference use no gap. Unlike
+            ``max_position_offset`` it changes the shared prefill, so an in-run ablation cannot vary it.
         topc_loss_weight, topc_loss_budget: the weight of a top-``C`` term added to the KL
             (:func:`lkv.core.metrics.importance_loss`: ``−log`` of the predicted mass on the true top-``C``
             positions of each (layer, KV head)); 0 = the paper's KL alone.
@@ -146,6 +167,7 @@ class LookaheadKVModule(L.LightningModule):
         snapkv_kernel: int = 7,
         seed: int = 0,
         max_position_offset: int = 0,
+        max_position_gap: int = 0,
         topc_loss_weight: float = 0.0,
         topc_loss_budget: int = 64,
     ) -> None:
@@ -159,9 +181,10 @@ class LookaheadKVModule(L.LightningModule):
                 f"model.topc_loss_weight must be ≥ 0 and model.topc_loss_budget positive, found "
                 f"{topc_loss_weight} and {topc_loss_budget}"
             )
-        if max_position_offset < 0:
+        if max_position_offset < 0 or max_position_gap < 0:
             raise ValueError(
-                f"model.max_position_offset: expected ≥ 0 positions, found {max_position_offset}"
+                f"model.max_position_offset and model.max_position_gap: expected ≥ 0 positions, found "
+                f"{max_position_offset} and {max_position_gap}"
             )
         self.save_hyperparameters()
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
@@ -194,12 +217,14 @@ class LookaheadKVModule(L.LightningModule):
         self.adapter.config.base_model = self.signature.to_dict()
 
     def importance(
-        self, sample: Sample, snapkv: bool = False, position_offset: int = 0
+        self, sample: Sample, snapkv: bool = False, position_offset: int = 0, gap: tuple[int, int] = (0, 0)
     ) -> dict[str, torch.Tensor]:
         """Predicted and true importance of one sample, sharing one prefill.
 
         Args:
             position_offset: the lookahead tokens' position offset (:meth:`LookaheadAdapter.predict`).
+            gap: ``(cut, g)``: prompt positions from ``cut`` on, and the lookahead tokens, move ``g`` further
+                (``max_position_gap``); ``(0, 0)``: none.
 
         Returns:
             ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
@@ -210,11 +235,16 @@ class LookaheadKVModule(L.LightningModule):
         prompt_len = ids.shape[1]
         model = self.adapter.model
         capture = ImportanceCapture(prompt_len, last_queries=self.hparams.snapkv_window) if snapkv else None
-        cache, _ = prefill(model, ids, **({"lkv_capture": capture} if snapkv else {}))
+        cut, moved = gap
+        positions = torch.arange(prompt_len, device=ids.device)
+        positions[cut:] += moved
+        kwargs = {"lkv_capture": capture} if snapkv else {}
+        cache, _ = prefill(model, ids, position_ids=positions[None], **kwargs)
         target = sample["scores"]
         if target is None:
-            target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
-        pred = self.adapter.predict(cache, prompt_len, position_offset)[0]
+            response = sample["response_ids"][None]
+            target = response_importance(model, cache, prompt_len, response, position_offset=moved)
+        pred = self.adapter.predict(cache, prompt_len, position_offset + moved)[0]
         out = {"target": target.float(), "pred": pred, "cache": cache}
         if snapkv:
             out["snapkv_window"] = capture.scores(model.config.num_hidden_layers)[0]
@@ -227,9 +257,12 @@ class LookaheadKVModule(L.LightningModule):
             offset = draw_position_offset(
                 hp.max_position_offset, hp.seed, self.current_epoch, batch_idx, index
             )
-            scores = self.importance(sample, position_offset=offset)
+            gap = draw_position_gap(
+                hp.max_position_gap, hp.seed, self.current_epoch, batch_idx, index, len(sample["prompt_ids"])
+            )
+            scores = self.importance(sample, position_offset=offset, gap=gap)
             losses.append(training_loss(scores["target"], scores["pred"], hp).mean())
-            prefills.append(SharedPrefill(scores["cache"], scores["target"]))
+            prefills.append(SharedPrefill(scores["cache"], scores["target"], gap[1]))
         loss = torch.stack(losses).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log(
