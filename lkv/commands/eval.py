@@ -88,11 +88,11 @@ def evaluate(
             f"press_args given for {unused}: only evaluated methods other than fullkv and oracle (scored from "
             "the FullKV answer) take settings"
         )
-    for method, settings in press_args.items():
-        if adapter_method(method) and not set(settings) <= {"kernel", "pooling"}:
+    for method, own in press_args.items():
+        if adapter_method(method) and not set(own) <= {"kernel", "pooling"}:
             raise ValueError(
                 f"press_args for {method}: a lookahead module takes only kernel and pooling (its other "
-                f"settings come from its adapter folder), got {sorted(settings)}"
+                f"settings come from its adapter folder), got {sorted(own)}"
             )
     out = Path(output)
     check_run(

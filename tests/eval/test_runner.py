@@ -404,3 +404,42 @@ def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpu
         lkv.commands.eval.evaluate(
             methods=("snapkv",), adapters={"two": folders[2]}, output=str(tmp_path / "x"), **args
         )
+
+
+def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch
+):
+    """`press_args` reach `lookaheadkv` and named modules (kernel, pooling only); the run's settings stay its own."""
+    import lkv.eviction.compressor
+    from lkv.model.lookahead import LookaheadAdapter
+    from tests.conftest import build_tiny_model
+    from tests.model.test_lookahead import perturb_lora
+
+    model, _ = build_tiny_model("llama")
+    adapter = LookaheadAdapter.create(model, num_tokens=3)
+    perturb_lora(adapter)
+    adapter.save(tmp_path / "adapter")
+    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
+    folder = str(tmp_path / "adapter")
+    lkv.commands.eval.evaluate(
+        methods=("lookaheadkv",),
+        adapter=folder,
+        adapters={"pooled": folder},
+        press_args={"lookaheadkv:pooled": {"kernel": 5}},
+        output=str(tmp_path / "out"),
+        **args,
+    )
+    rows = read_rows(tmp_path / "out")
+    assert {(r["method"], r["setting"]) for r in rows} == {
+        ("lookaheadkv", "aware"),
+        ("lookaheadkv:pooled", "aware"),
+    }
+    with pytest.raises(ValueError, match="takes only kernel and pooling"):
+        lkv.commands.eval.evaluate(
+            methods=("lookaheadkv",),
+            adapter=folder,
+            press_args={"lookaheadkv": {"window": 4}},
+            output=str(tmp_path / "x"),
+            **args,
+        )
