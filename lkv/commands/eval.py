@@ -11,11 +11,18 @@ from transformers import PreTrainedTokenizerBase
 from lkv.commands.signals import exit_on_sigterm
 from lkv.core.chat import template_kwargs, template_reads_variables
 from lkv.eval.report import write_report
-from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, fingerprint, unrecorded_keys
+from lkv.eval.results import (
+    RESULTS_FILE,
+    ResultsFile,
+    adapter_method,
+    check_run,
+    fingerprint,
+    unrecorded_keys,
+)
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
-from lkv.eviction.presses import OraclePress, Press, ProbePress
+from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
 from lkv.eviction.presses.selector import HeadBudget
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
@@ -23,6 +30,9 @@ from lkv.train.export import resolve_adapter, resolve_probe
 
 # run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
 TEMPLATE_KEY = "chat_template_kwargs"
+
+# the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
+LOOKAHEAD_PREFIX = "lookaheadkv:"
 
 
 def evaluate(
@@ -33,6 +43,7 @@ def evaluate(
     output: str = "reports/eval",
     model: str = "smollm2-135m",
     adapter: str | None = None,
+    adapters: dict[str, str] | None = None,
     probe: str | None = None,
     press_args: dict[str, dict[str, Any]] | None = None,
     dtype: str = "float32",
@@ -59,8 +70,12 @@ def evaluate(
         model: embedded short name, local folder, ``.gguf`` file or hub id.
         adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
             checkpoint (``.ckpt``).
+        adapters: more lookahead modules, name → folder or checkpoint, each evaluated as the method
+            ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
+            two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
-        press_args: per-method settings, e.g. ``{snapkv: {window: 16}}``.
+        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}`` (a lookahead
+            module takes only its pooling: kernel, pooling).
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -100,17 +115,33 @@ def evaluate(
         )
     if ("probe" in methods) != (probe is not None):
         raise ValueError("--probe is required by the probe method and used by no other method")
+    adapters = dict(adapters or {})
+    if adapters and adapter is None:
+        raise ValueError("--adapters adds lookahead modules beside --adapter's; give --adapter too")
+    bad_names = [n for n in adapters if not n or not all(c.isalnum() or c in "_-." for c in n)]
+    if bad_names:
+        raise ValueError(
+            f"--adapters: names must be non-empty letters, digits, '_', '-' or '.', got {bad_names}"
+        )
+    methods += [f"{LOOKAHEAD_PREFIX}{name}" for name in adapters]
     press_args = dict(press_args or {})
-    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "lookaheadkv", "probe"}))
+    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "probe"}))
     if unused:
         raise ValueError(
             f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-            "FullKV answer), lookaheadkv and probe (settings come from their folders) take settings"
+            "FullKV answer) and probe (settings come from its folder) take settings"
         )
+    for method, own in press_args.items():
+        if adapter_method(method) and not set(own) <= {"kernel", "pooling"}:
+            raise ValueError(
+                f"press_args for {method}: a lookahead module takes only kernel and pooling (its other "
+                f"settings come from its adapter folder), got {sorted(own)}"
+            )
     out = Path(output)
     run_info = {
         "model": model,
         "adapter": None if adapter is None else fingerprint(adapter),
+        **({"adapters": {n: fingerprint(f) for n, f in adapters.items()}} if adapters else {}),
         "probe": None if probe is None else fingerprint(probe),
         "press_args": press_args,
         "dtype": dtype,
@@ -131,9 +162,20 @@ def evaluate(
         check_legacy_template(out, tokenizer, model)
         check_run(out, run_info, unrecorded=legacy)
     presses: dict[str, Press] = {}
+    for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
+        host = lookahead.adapter.model
+        method = f"{LOOKAHEAD_PREFIX}{name}"
+        presses[method] = LookaheadKVPress.from_folder(
+            resolve_adapter(path, model),
+            host,
+            adapter_name=f"lookahead_{name}".replace(".", "_"),
+            **press_args.get(method, {}),
+        )
     for method in methods:
+        if method in presses:
+            continue
         if method == "lookaheadkv":
-            presses[method] = lookahead
+            presses[method] = LookaheadKVPress(lookahead.adapter, **press_args.get(method, {}))
         elif method == "probe":
             presses[method] = ProbePress.from_folder(resolve_probe(probe, model), net)
         elif method == "oracle":

@@ -71,11 +71,13 @@ def layer_causal_mask(
     # Before 5.24 the mask is sized from the first layer; show it a cache whose only layer is this one.
     view = copy.copy(cache)
     view.layers = [cache.layers[layer_idx]]
+    # the block's cache slots, not its RoPE positions (they may run ahead: a lookahead position offset)
+    seen = view.layers[0].get_seq_length()
     return create_causal_mask(
         config=config,
         inputs_embeds=inputs_embeds,
         attention_mask=None,
-        cache_position=position_ids[0],
+        cache_position=torch.arange(seen, seen + inputs_embeds.shape[1], device=inputs_embeds.device),
         past_key_values=view,
         position_ids=position_ids,
     )

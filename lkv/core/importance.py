@@ -12,7 +12,11 @@ from lkv.core.generation import crop_to
 
 @torch.no_grad()
 def response_importance(
-    model: PreTrainedModel, cache: DynamicCache, prompt_len: int, response_ids: torch.Tensor
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    prompt_len: int,
+    response_ids: torch.Tensor,
+    position_offset: int = 0,
 ) -> torch.Tensor:
     """s_GT (docs/design.md §1) for a response teacher-forced on top of a prompt cache.
 
@@ -20,6 +24,8 @@ def response_importance(
         cache: the prompt's cache, exactly ``prompt_len`` entries long; restored to that length on return.
         response_ids: ``(1, R)`` tokens whose queries are reduced: the response, or (question-agnostic
             labels) the question followed by the response.
+        position_offset: the response starts at position ``prompt_len + position_offset`` (a prompt prefilled
+            with a position gap, :class:`lkv.train.module.LookaheadKVModule`'s ``max_position_gap``).
 
     Returns:
         ``(layers, kv_heads, prompt_len)`` fp32; each ``[l, h]`` row sums to 1.
@@ -28,8 +34,15 @@ def response_importance(
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
     # every response query is captured, so the capture's fp32 rows also give the attention output
     capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
+    first = prompt_len + position_offset
+    positions = torch.arange(first, first + response_ids.shape[1], device=response_ids.device)[None]
     model(
-        input_ids=response_ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1, lkv_capture=capture
+        input_ids=response_ids,
+        position_ids=positions,
+        **cache_kwargs(cache),
+        use_cache=True,
+        logits_to_keep=1,
+        lkv_capture=capture,
     )
     crop_to(cache, prompt_len)
     return capture.scores(model.config.num_hidden_layers)[0]

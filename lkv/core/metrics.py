@@ -25,6 +25,29 @@ def importance_kl(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
     return (torch.xlogy(target, target) - torch.xlogy(target, pred.float().clamp_min(_TINY))).sum(-1)
 
 
+def topc_mass_loss(target: torch.Tensor, pred: torch.Tensor, budget: int) -> torch.Tensor:
+    """``−log`` of the predicted mass on the true top-``C`` positions, per row: ``(..., S), (..., S) → (...)``.
+
+    A smooth stand-in for Recall@C that, unlike the KL, weighs the few positions an eviction to ``C`` must keep
+    (a needle's value in a retrieval head) as much as the rest of the row together. 0 when ``pred`` puts all its
+    mass on the true top-``C``; ``pred`` must sum to 1 over ``S``.
+    """
+    c = min(budget, pred.shape[-1])
+    top = target.float().topk(c, dim=-1).indices
+    return -pred.float().gather(-1, top).sum(-1).clamp_min(_TINY).log()
+
+
+def importance_loss(
+    target: torch.Tensor, pred: torch.Tensor, topc_weight: float = 0.0, topc_budget: int = 64
+) -> torch.Tensor:
+    """The training loss per row: KL(target ‖ pred) (docs/design.md §1), plus ``topc_weight`` times
+    :func:`topc_mass_loss` at ``topc_budget`` when it is positive. ``(..., S), (..., S) → (...)``."""
+    loss = importance_kl(target, pred)
+    if topc_weight > 0:
+        loss = loss + topc_weight * topc_mass_loss(target, pred, topc_budget)
+    return loss
+
+
 def topk_recall(pred: torch.Tensor, target: torch.Tensor, budget: int) -> torch.Tensor:
     """``|top-C(pred) ∩ top-C(target)| / C`` per row, ``C = min(budget, S)``: ``(..., S) → (...)``.
 

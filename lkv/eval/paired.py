@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from lkv.eval.cells import FULL, NO_BUDGET
-from lkv.eval.results import ADAPTER_METHODS
+from lkv.eval.results import adapter_method
 from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test, wilson_interval
 
 #: Methods that are not training-free eviction baselines: references, upper bounds, the trained method.
@@ -43,7 +43,7 @@ def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 
 
 def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
     """One entry per (task, setting, budget, method, reference) with reference ``fullkv``, the best baseline,
-    and for the trained methods (:data:`~lkv.eval.results.ADAPTER_METHODS`) also each baseline.
+    and for the trained methods (:func:`~lkv.eval.results.adapter_method`) also each baseline.
 
     Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline`` or ``baseline``),
     baseline (the reference method's name), the :class:`~lkv.eval.stats.PairedResult` fields (n, diff, low,
@@ -62,7 +62,7 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
         for method in methods:
             mine = cells[(task, setting, method, budget)]
             references = [("fullkv", "fullkv"), ("best baseline", best)]
-            if method in ADAPTER_METHODS:
+            if adapter_method(method):
                 references += [("baseline", name) for name in sorted(baselines)]
             for reference, name in references:
                 if name is None or name == method:

@@ -11,13 +11,22 @@ from typing import Any
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
-#: methods whose rows depend on the adapter; every other method's rows are the same whatever the adapter
-ADAPTER_METHODS = frozenset({"lookaheadkv"})
+#: the method whose rows depend on the adapter (and ``lookaheadkv:<name>`` for a named module); every other
+#: method's rows are the same whatever the adapter
+ADAPTER_METHOD = "lookaheadkv"
 #: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows, no
 #: probe without probe rows)
 UNUSED_WHEN_NONE = frozenset({"adapter", "probe"})
 #: ``run.json`` keys added after folders were made without them: a missing key reads as this value
 ADDED_KEYS = {"head_budget": "equal"}
+#: ``run.json`` key of the named lookahead modules (``lkv eval --adapters``: name → fingerprint), which a later
+#: run may extend
+NAMED = "adapters"
+
+
+def adapter_method(method: str) -> bool:
+    """Whether ``method``'s rows come from a trained lookahead module (``lookaheadkv``, ``lookaheadkv:<name>``)."""
+    return method == ADAPTER_METHOD or method.startswith(ADAPTER_METHOD + ":")
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
@@ -79,11 +88,24 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
     path = output / RUN_FILE
     if path.exists():
         previous = json.loads(path.read_text())
+        # named modules (`lkv eval --adapters`) may be added later; a name must keep its module
+        named = {**previous.get(NAMED, {}), **info.get(NAMED, {})}
+        before = previous.get(NAMED, {})
+        changed = sorted(n for n, f in info.get(NAMED, {}).items() if before.get(n, f) != f)
+        if changed:
+            raise ValueError(
+                f"{output} holds results of other lookahead modules under the names {changed} "
+                f"({ {n: previous[NAMED][n] for n in changed} } vs { {n: info[NAMED][n] for n in changed} }); "
+                "use other names, another --output, or delete the folder"
+            )
+        if named:
+            info = {**info, NAMED: named}
         known = {**ADDED_KEYS, **previous}
         differing = sorted(
             k
             for k in info
-            if known.get(k) != info[k]
+            if k != NAMED
+            and known.get(k) != info[k]
             and not (k in UNUSED_WHEN_NONE and (known.get(k) is None or info[k] is None))
             and not (k in unrecorded and k not in previous)
         )
@@ -94,6 +116,8 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
                 "use another --output or delete the folder"
             )
         merged = {**info, **{k: v for k, v in previous.items() if v is not None}}
+        if named:
+            merged[NAMED] = named
         if merged != previous:
             path.write_text(json.dumps(merged, indent=2, sort_keys=True))
         return
@@ -110,8 +134,10 @@ def copy_adapter_free(source: Path, target: Path) -> int:
     Raises:
         FileExistsError: ``target`` exists (its rows would be mixed with ``source``'s).
     """
-    rows = [r for r in ResultsFile(source / RESULTS_FILE).rows if r["method"] not in ADAPTER_METHODS]
-    info = json.loads((source / RUN_FILE).read_text()) | {"adapter": None}
+    rows = [r for r in ResultsFile(source / RESULTS_FILE).rows if not adapter_method(r["method"])]
+    info = {k: v for k, v in json.loads((source / RUN_FILE).read_text()).items() if k != NAMED} | {
+        "adapter": None
+    }
     target.mkdir(parents=True)
     (target / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
     with (target / RESULTS_FILE).open("w", encoding="utf-8") as out:

@@ -41,7 +41,7 @@ from lkv.core.attention import AttentionCapture, ImportanceCapture
 from lkv.core.cache import cache_bytes, token_bytes
 from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
-from lkv.core.generation import Sampling, crop_to, prefill
+from lkv.core.generation import Sampling, crop_to, decode, prefill
 from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
@@ -50,6 +50,7 @@ from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
+from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
 from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
 from lkv.eviction.presses import FullKVPress, Press, PressContext
 from lkv.eviction.presses.selector import HeadBudget
@@ -273,6 +274,8 @@ class Evaluator:
         for benchmark in benchmarks:
             if isinstance(benchmark, ImportanceTask):
                 self._importance(benchmark)
+            elif isinstance(benchmark, NeedleTokenTask):
+                self._needle_tokens(benchmark)
             elif isinstance(benchmark, Task):
                 self._end_task(benchmark)
             else:
@@ -565,5 +568,67 @@ class Evaluator:
                         "prefill_s": shared.seconds,
                         "score_s": seconds,
                         "meta": {},
+                    }
+                )
+
+    # --- needle-token retention (prefill only) -----------------------------------------------------------
+
+    def _needle_tokens(self, task: NeedleTokenTask) -> None:
+        """Per sample one prefill, every method's scores, and per budget the value tokens each head keeps."""
+        methods = [m for m in self.methods if m not in NOT_RANKED or m == "oracle"]
+        samples = list(task.samples(self.tokenizer))
+        for sample in Progress(f"lkv eval: {task.name}", len(samples), "prompts", self.progress).track(
+            samples
+        ):
+            todo = [
+                (m, b)
+                for m in methods
+                for b in self.budgets
+                if (task.name, sample.id, m, budget_key(m, b), "aware") not in self.results.done
+            ]
+            if not todo:
+                continue
+            context, question = encode_sample(sample, self.tokenizer)
+            positions = value_positions(sample, self.tokenizer)
+            ids = torch.tensor([context + question], device=self.full.device)
+            scored = {m: self.compressors[m].press for m, _ in todo if m != "oracle"}
+            shared = shared_prefill(self.model, ids, scored)
+            scores = {m: self._press_scores(m, shared) for m in scored}
+            # The FullKV answer: whether FullKV finds the needle at all, and the Oracle's queries.
+            start = clock(ids.device)
+            answer = decode(
+                self.model,
+                shared.cache,
+                shared.next_logits,
+                shared.prompt_len,
+                sample.max_new_tokens,
+                self.full.eos_token_ids,
+            )
+            crop_to(shared.cache, shared.prompt_len)
+            text = self.tokenizer.decode(answer, skip_special_tokens=True)
+            fullkv = task.needles.score(text, sample)[task.needles.metric]
+            if "oracle" in dict(todo):
+                response = torch.tensor([answer], device=ids.device)
+                oracle = response_importance(self.model, shared.cache, shared.prompt_len, response)
+                scores["oracle"] = (oracle[None], clock(ids.device) - start)
+            for method, budget in todo:
+                share = kept_share(self.compressors[method].select(scores[method][0], budget), positions)
+                metrics = share_metrics(share)
+                self.results.add(
+                    {
+                        "task": task.name,
+                        "sample": sample.id,
+                        "method": method,
+                        "budget": budget_key(method, budget),
+                        "setting": "aware",
+                        "score": metrics[task.metric],
+                        "metrics": metrics,
+                        "per_head": [round(v, 4) for v in share.flatten().tolist()],
+                        "prompt_tokens": shared.prompt_len,
+                        "value_tokens": len(positions),
+                        "fullkv_score": fullkv,
+                        "prefill_s": shared.seconds,
+                        "score_s": scores[method][1],
+                        "meta": sample.meta,
                     }
                 )

@@ -318,17 +318,7 @@ class Compressor:
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            sink, recent = self._protected(scored.prompt_len, tokens)
-            kept = select_indices(
-                scored.scores,
-                budgets,
-                sink,
-                recent,
-                self.kernel,
-                self.pooling,
-                self.head_budget,
-                self.safeguard,
-            )
+            kept = self.select(scored.scores, budget)
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
@@ -345,6 +335,20 @@ class Compressor:
             eviction_s=scored.score_s + evicted - start,
             budget=tokens,
             layer_budgets=budgets,
+        )
+
+    def select(self, scores: torch.Tensor, budget: int | float) -> list[torch.Tensor]:
+        """The positions an eviction to ``budget`` keeps: per layer ``(1, kv_heads, C_l)``, ascending (under
+        ``head_budget="adaptive"`` a shorter head's row ends in ``-1`` padding: :func:`select_indices`).
+
+        Args:
+            scores: the press's ``(1, layers, kv_heads, S)`` scores of a prompt of ``S`` tokens.
+        """
+        prompt_len = scores.shape[-1]
+        sink, recent = self._protected(prompt_len, budget_tokens(budget, prompt_len))
+        budgets = self.layer_budgets(budget, prompt_len)
+        return select_indices(
+            scores, budgets, sink, recent, self.kernel, self.pooling, self.head_budget, self.safeguard
         )
 
     def _protected(self, prompt_len: int, tokens: int) -> tuple[int, int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 import sys
@@ -134,6 +135,9 @@ class BuiltinPrompts(PromptSource):
             ``find_value``, e.g. ``{summarize: 1, question: 2, quote: 2, locate: 1}``; a family is drawn
             only for the passages it applies to. Default: the original families, uniformly per source.
         fact_formats: ``find_value`` fact formats (``train`` side of :mod:`lkv.labels.facts`).
+        fact_depths: ``(low, high)``: a ``find_value`` fact goes at a depth (share of the passage's units before
+            it) drawn uniformly in this range; e.g. ``(0.0, 0.5)`` with long passages puts the answer far from
+            the end of the prompt, the reach that prompts of ~1K tokens never show. Default: anywhere.
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class BuiltinPrompts(PromptSource):
         stdlib_dir: str | None = None,
         family_weights: dict[str, float] | None = None,
         fact_formats: tuple[str, ...] = DEFAULT_FACT_FORMATS,
+        fact_depths: tuple[float, float] = (0.0, 1.0),
     ) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
@@ -187,6 +192,12 @@ class BuiltinPrompts(PromptSource):
                 "must not contain them, or out-of-distribution needle results would be in-distribution"
             )
         self.fact_formats = tuple(fact_formats)
+        low, high = fact_depths
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(
+                f"fact_depths must be (low, high) with 0 ≤ low ≤ high ≤ 1, got {tuple(fact_depths)}"
+            )
+        self.fact_depths = (float(low), float(high))
         self._pools: dict[str, list[_Document]] | None = None
 
     count_setting = "num_prompts"
@@ -211,6 +222,7 @@ class BuiltinPrompts(PromptSource):
                 if self.fact_formats == DEFAULT_FACT_FORMATS
                 else f", fact_formats={list(self.fact_formats)}"
             )
+            + ("" if self.fact_depths == (0.0, 1.0) else f", fact_depths={list(self.fact_depths)}")
             + ")"
         )
 
@@ -255,7 +267,11 @@ class BuiltinPrompts(PromptSource):
             fact = rng.choice(self._facts)
             key = rng.choice(TRAIN_KEYS)
             value = fact.value(rng)
-            depth = rng.randint(0, len(units))
+            if self.fact_depths == (0.0, 1.0):
+                depth = rng.randint(0, len(units))  # the draw every default prompt was made with
+            else:
+                low = math.ceil(self.fact_depths[0] * len(units))
+                depth = rng.randint(low, max(low, math.floor(self.fact_depths[1] * len(units))))
             units.insert(depth, _as_unit(fact.statement.format(key=key, value=value), units, depth, code))
             instruction = rng.choice(fact.questions).format(key=key)
             answer = value

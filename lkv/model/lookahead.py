@@ -269,12 +269,22 @@ class LookaheadAdapter(nn.Module):
         return cls(model, embeddings, config, trainable=True, adapter_name=adapter_name)
 
     @classmethod
-    def load(cls, folder: str | Path, model: PreTrainedModel, trainable: bool = False) -> LookaheadAdapter:
+    def load(
+        cls,
+        folder: str | Path,
+        model: PreTrainedModel | PeftModel,
+        trainable: bool = False,
+        adapter_name: str = DEFAULT_ADAPTER,
+    ) -> LookaheadAdapter:
         """Rebuild a module saved by :meth:`save` (an ``lkv export`` folder) on top of ``model``.
 
         Args:
-            model: the base model (prepared with ``install_capture``); its shape must match the saved one.
+            model: the base model (prepared with ``install_capture``); its shape must match the saved one. It
+                may already carry other lookahead modules (their ``PeftModel``): this one's LoRA then joins them
+                as the peft adapter ``adapter_name``, so several modules score one prefill (``lkv eval
+                --adapters``).
             trainable: keep the embeddings and LoRA weights trainable (to continue training).
+            adapter_name: the peft name of this module's LoRA on ``model``.
         """
         folder = Path(folder)
         path = folder / CONFIG_FILE
@@ -295,10 +305,19 @@ class LookaheadAdapter(nn.Module):
                 f"{folder / EMBEDDINGS_FILE}: embeddings have shape {tuple(embeddings.shape)}, "
                 f"{CONFIG_FILE} says ({config.num_tokens}, {config.hidden_size})"
             )
-        model.requires_grad_(False)
+        if not isinstance(model, PeftModel):  # a shared PeftModel is frozen already
+            model.requires_grad_(False)
         if config.uses_lora:
-            model = PeftModel.from_pretrained(model, str(folder), is_trainable=trainable)
-        return cls(model, embeddings, config, trainable=trainable)
+            if isinstance(model, PeftModel):
+                if adapter_name in model.peft_config:
+                    raise ValueError(f"the model already has a LoRA adapter named {adapter_name!r}")
+                with _trainability_kept(model):
+                    model.load_adapter(str(folder), adapter_name=adapter_name, is_trainable=trainable)
+            else:
+                model = PeftModel.from_pretrained(
+                    model, str(folder), adapter_name=adapter_name, is_trainable=trainable
+                )
+        return cls(model, embeddings, config, trainable=trainable, adapter_name=adapter_name)
 
     def save(self, folder: str | Path) -> None:
         """Write the standalone adapter folder (peft files + embeddings + ``lookahead.json``).
@@ -352,7 +371,7 @@ class LookaheadAdapter(nn.Module):
         for p in self._adapter_params:
             p.requires_grad_(self.trainable)
 
-    def predict(self, cache: DynamicCache, prompt_len: int) -> torch.Tensor:
+    def predict(self, cache: DynamicCache, prompt_len: int, position_offset: int = 0) -> torch.Tensor:
         """Predicted importance of every prompt position.
 
         Runs the ``M`` embeddings at positions ``S..S+M-1`` on top of the prompt cache with the adapter on
@@ -361,6 +380,11 @@ class LookaheadAdapter(nn.Module):
 
         Args:
             cache: the prompt's cache from a prefill with the adapter off, exactly ``prompt_len`` entries.
+            position_offset: extra positions between the prompt and the lookahead tokens, which then sit at
+                ``S+o..S+o+M-1`` (RoPE sees every query–key distance ``o`` tokens longer; the keys, the mask and
+                the cache are unchanged). Training draws it at random so that short prompts teach the distances
+                of long ones (:class:`lkv.train.module.LookaheadKVModule`, ``max_position_offset``); inference
+                uses 0.
 
         Returns:
             ``(1, layers, kv_heads, S)`` float32; every ``[0, l, h]`` row sums to 1.
@@ -371,7 +395,7 @@ class LookaheadAdapter(nn.Module):
             )
         base = self.base_model
         decoder = base.get_decoder()
-        embeds, positions, capture = self._inputs(prompt_len)
+        embeds, positions, capture = self._inputs(prompt_len, position_offset)
         self._set_adapter(True)
         try:
             decoder(
@@ -399,10 +423,16 @@ class LookaheadAdapter(nn.Module):
         """The model the adapter is injected into (the one that prefills and decodes)."""
         return self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
 
-    def _inputs(self, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor, ImportanceCapture]:
-        """``(embeds (1, M, hidden), positions (1, M), capture)`` of a lookahead step after ``prompt_len`` tokens."""
+    def _inputs(
+        self, prompt_len: int, position_offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, ImportanceCapture]:
+        """``(embeds (1, M, hidden), positions (1, M), capture)`` of a lookahead step after ``prompt_len`` tokens,
+        ``position_offset`` positions further on (see :meth:`predict`)."""
+        if position_offset < 0:
+            raise ValueError(f"position_offset must be ≥ 0, got {position_offset}")
         embeds = self.embeddings.to(self.base_model.get_input_embeddings().weight.dtype)[None]
-        positions = torch.arange(prompt_len, prompt_len + self.config.num_tokens, device=embeds.device)[None]
+        first = prompt_len + position_offset
+        positions = torch.arange(first, first + self.config.num_tokens, device=embeds.device)[None]
         # the capture computes the M queries' attention output too: the layer's kernel would repeat its logits
         return embeds, positions, ImportanceCapture(num_keys=prompt_len, computes_output=True)
 

@@ -2,7 +2,8 @@
 
 The frozen prefill is the expensive part of the two-phase step and the same for every lookahead module, so a
 grid over ``num_lookahead``, ``lora_targets``, ``lookahead_init``, ... (the settings of
-:meth:`LookaheadAdapter.create`) need not be one fit per point (``lkv sweep``). :class:`LookaheadAblation`
+:meth:`LookaheadAdapter.create`), ``seed`` or ``max_position_offset`` (the training step's position-offset
+augmentation) need not be one fit per point (``lkv sweep``). :class:`LookaheadAblation`
 builds one *sibling* module per grid point beside the LightningModule's own, on the same frozen model: its own
 embeddings, its own LoRA (a named peft adapter), its own AdamW and learning-rate schedule, built by the main
 module's :meth:`~lkv.train.module.LookaheadKVModule.optimizer_for` (same settings). The main module shares each
@@ -37,14 +38,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MetricCollection
 
-from lkv.core.metrics import importance_kl, ranking_metrics
+from lkv.core.metrics import ranking_metrics
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.base import SharedPrefill
 from lkv.train.grid import grid_points, point_name, write_summary
-from lkv.train.module import LookaheadKVModule
+from lkv.train.module import LookaheadKVModule, adapter_settings, draw_position_offset, training_loss
 from lkv.train.overhead import lookahead_overhead
 
-# Module settings a grid may vary (the arguments of `LookaheadAdapter.create`); the optimiser is the main one's.
+# Module settings a grid may vary: the arguments of `LookaheadAdapter.create` and the training step's position
+# offset and loss; the optimiser is the main one's.
 ABLATION_KEYS = (
     "num_lookahead",
     "lookahead_init",
@@ -53,6 +55,9 @@ ABLATION_KEYS = (
     "lora_dropout",
     "lora_targets",
     "seed",
+    "max_position_offset",
+    "topc_loss_weight",
+    "topc_loss_budget",
 )
 PREFIX = "ablation"
 # A GradScaler would have to scale every sibling's loss too.
@@ -66,6 +71,7 @@ class Point:
     Attributes:
         name: :func:`point_name` of ``values`` (logs, folders).
         values: grid key → value.
+        settings: every :data:`ABLATION_KEYS` setting of the point (the main module's, overridden by ``values``).
         adapter, optimizer, scheduler, metrics: the sibling (None for the main module's point).
         own_s: wall seconds of the sibling's own steps (training and validation; the shared prefill excluded).
         metrics_last: the last validation's ``val/...`` values.
@@ -73,6 +79,7 @@ class Point:
 
     name: str
     values: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
     adapter: LookaheadAdapter | None = None
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
@@ -160,18 +167,12 @@ class LookaheadAblation(L.Callback):
         # random stream as it was. Under the strategy's init context, as the main module's were built.
         with torch.random.fork_rng(devices=[]), trainer.strategy.tensor_init_context():
             for index, values in enumerate(self.values):
-                point = Point(point_name(values), values)
                 settings = {**main, **values}
+                point = Point(point_name(values), values, settings)
                 if not _same(settings, main):
                     point.adapter = LookaheadAdapter.create(
                         host,
-                        num_tokens=settings["num_lookahead"],
-                        lora_rank=settings["lora_rank"],
-                        lora_alpha=settings["lora_alpha"],
-                        lora_dropout=settings["lora_dropout"],
-                        target_modules=settings["lora_targets"],
-                        init=settings["lookahead_init"],
-                        seed=settings["seed"],
+                        **adapter_settings(settings),
                         adapter_name=f"{PREFIX}{index}",  # peft names may not hold the point name's dots
                     )
                     point.adapter.config.base_model = pl_module.signature.to_dict()
@@ -203,10 +204,17 @@ class LookaheadAblation(L.Callback):
         for point in self._siblings():
             start = time.perf_counter()
             with trainer.precision_plugin.train_step_context():
-                losses = [
-                    importance_kl(p.target, point.adapter.predict(p.cache, p.prompt_len)[0]).mean()
-                    for p in prefills
-                ]
+                losses = []
+                for index, p in enumerate(prefills):
+                    offset = draw_position_offset(
+                        point.settings["max_position_offset"],
+                        point.settings["seed"],
+                        trainer.current_epoch,
+                        batch_idx,
+                        index,
+                    )
+                    pred = point.adapter.predict(p.cache, p.prompt_len, p.position_offset + offset)[0]
+                    losses.append(training_loss(p.target, pred, point.settings).mean())
                 loss = torch.stack(losses).mean()
             # Lightning divides the main loss by the accumulation window the same way.
             (loss / trainer.accumulate_grad_batches).backward()

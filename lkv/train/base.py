@@ -50,10 +50,14 @@ class SharedPrefill:
         cache: the prompt's cache, cropped back to exactly ``S`` entries per layer and free of the module's
             graph: another module's :meth:`LookaheadAdapter.predict` may run on it (and crops back again).
         target: ``(layers, kv_heads, S)`` float32 s_GT.
+        position_offset: how far the prompt's last positions were moved (a position gap,
+            :meth:`ImportanceModule.prefill_sample`): lookahead tokens on this cache start at
+            ``S + position_offset``.
     """
 
     cache: DynamicCache
     target: torch.Tensor
+    position_offset: int = 0
 
     @property
     def prompt_len(self) -> int:
@@ -116,6 +120,11 @@ class ImportanceModule(L.LightningModule):
         """One sample's training loss: mean over (layer, KV head) of KL(s_GT ‖ predicted)."""
         return importance_kl(scores["target"], scores["pred"]).mean()
 
+    def training_importance(self, sample: Sample, batch_idx: int, index: int) -> dict[str, torch.Tensor]:
+        """:meth:`importance` of sample ``index`` of training batch ``batch_idx``; a predictor with training-only
+        augmentations draws them here. Its result may carry ``position_offset`` (see :class:`SharedPrefill`)."""
+        return self.importance(sample)
+
     # --- shared -------------------------------------------------------------------------------------------
 
     def load_frozen_backbone(self, loader: Callable[..., tuple[PreTrainedModel, Any]]) -> PreTrainedModel:
@@ -139,11 +148,14 @@ class ImportanceModule(L.LightningModule):
         sample: Sample,
         snapkv: bool = False,
         captures: Sequence[AttentionCapture] = (),
+        gap: tuple[int, int] = (0, 0),
     ) -> tuple[SharedPrefill, torch.Tensor | None]:
         """Prefill one sample's prompt with ``model`` (no grad) and get its ground truth.
 
         Args:
             captures: further captures of the same prefill (e.g. a probe's attention inputs).
+            gap: ``(cut, g)``: the prompt's positions from ``cut`` on move ``g`` further (a position gap:
+                the tokens before the cut sit ``g`` further from the end); ``(0, 0)``: none.
 
         Returns:
             The prefill (cache + float32 s_GT: the label's stored scores, or — for a responses-only label
@@ -154,19 +166,28 @@ class ImportanceModule(L.LightningModule):
         prompt_len = ids.shape[1]
         window = ImportanceCapture(prompt_len, last_queries=self.hparams.snapkv_window) if snapkv else None
         listed = [c for c in (window, *captures) if c is not None]
-        cache, _ = prefill(model, ids, **({"lkv_capture": listed} if listed else {}))
+        cut, moved = gap
+        kwargs = {"lkv_capture": listed} if listed else {}
+        if moved:
+            positions = torch.arange(prompt_len, device=ids.device)
+            positions[cut:] += moved
+            kwargs["position_ids"] = positions[None]
+        cache, _ = prefill(model, ids, **kwargs)
         target = sample["scores"]
         if target is None:
-            target = response_importance(model, cache, prompt_len, sample["response_ids"][None])
+            response = sample["response_ids"][None]
+            target = response_importance(model, cache, prompt_len, response, position_offset=moved)
         window_scores = None if window is None else window.scores(model.config.num_hidden_layers)[0]
-        return SharedPrefill(cache, target.float()), window_scores
+        return SharedPrefill(cache, target.float(), moved), window_scores
 
     def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
         losses, prefills = [], []
-        for sample in batch:
-            scores = self.importance(sample)
+        for index, sample in enumerate(batch):
+            scores = self.training_importance(sample, batch_idx, index)
             losses.append(self.loss(sample, scores))
-            prefills.append(SharedPrefill(scores["cache"], scores["target"]))
+            prefills.append(
+                SharedPrefill(scores["cache"], scores["target"], scores.get("position_offset", 0))
+            )
         loss = torch.stack(losses).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         self.log(

@@ -188,3 +188,60 @@ class NeedleEval(L.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._next_step = state_dict["next_step"]
+
+
+class NeedleReach(L.Callback):
+    """Needle-token retention of the module being trained (and of its ablation siblings) at every validation.
+
+    Runs :class:`lkv.eval.tasks.NeedleTokenTask` on ``needles`` — prefill only, no answer decoded but the
+    Oracle's — with the live adapter as ``lookaheadkv``, each sibling of a :class:`lkv.train.ablation.LookaheadAblation`
+    in the same fit under its point name, and the Oracle. Logged (global rank 0), per budget ``C``:
+    ``val/needle_kept@C`` (the share of the value's tokens kept, mean over samples and (layer, KV head)),
+    ``ablation/<point>/val/needle_kept@C`` for siblings and ``val/oracle_needle_kept@C``. Rows go to
+    ``<log_dir>/reach/step<N>/results.jsonl``. Point it at long prompts with the needle far from the end (the
+    reach the training prompts do not show) and at a seed the evaluation does not use.
+
+    Args:
+        needles: the needle samples, e.g. ``NeedleFamilyTask(lengths=[4096], distances=[2000, 3000], seed=1)``.
+        budgets: KV entries kept per head.
+    """
+
+    def __init__(self, needles: Any, budgets: Sequence[int] = (64, 128, 256)) -> None:
+        from lkv.eval.tasks import NeedleFamilyTask, NeedleTokenTask
+
+        if not isinstance(needles, NeedleFamilyTask):
+            raise TypeError(f"NeedleReach.needles: expected a NeedleFamilyTask, got {type(needles).__name__}")
+        if not budgets or min(budgets) <= 0:
+            raise ValueError(f"NeedleReach.budgets: expected positive token counts, got {list(budgets)}")
+        self.task = NeedleTokenTask(needles)
+        self.budgets = list(budgets)
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        from lkv.eval.runner import Evaluator
+        from lkv.eviction.presses import LookaheadKVPress, OraclePress
+        from lkv.train.ablation import PREFIX, LookaheadAblation
+
+        presses = {"lookaheadkv": LookaheadKVPress(pl_module.adapter), "oracle": OraclePress()}
+        names = {"lookaheadkv": "val", "oracle": "val/oracle"}
+        for callback in trainer.callbacks:
+            if isinstance(callback, LookaheadAblation):
+                for point in callback.points or []:
+                    if point.adapter is not None:
+                        presses[point.name] = LookaheadKVPress(point.adapter)
+                        names[point.name] = f"{PREFIX}/{point.name}/val"
+        output = Path(trainer.log_dir or trainer.default_root_dir) / "reach" / f"step{trainer.global_step}"
+        model = presses["lookaheadkv"].base_model
+        evaluator = Evaluator(model, pl_module.tokenizer, presses, self.budgets, ["aware"], output, False)
+        with torch.no_grad():
+            rows = evaluator.run([self.task])
+        for method, prefix in names.items():
+            for budget in self.budgets:
+                scores = [r["score"] for r in rows if r["method"] == method and r["budget"] == str(budget)]
+                name = (
+                    f"{prefix}/needle_kept@{budget}"
+                    if method != "oracle"
+                    else f"{prefix}_needle_kept@{budget}"
+                )
+                pl_module.log(name, sum(scores) / len(scores), rank_zero_only=True)

@@ -6,7 +6,12 @@ Per sample (docs/design.md §1, "Two-phase training step"):
 2. ground truth: the label's stored scores, or — for a responses-only label folder — the response
    teacher-forced on that same cache (:func:`lkv.labels.labeller.response_importance`, crops back);
 3. :meth:`LookaheadAdapter.predict`: the ``M`` lookahead tokens with the adapter on and grad;
-4. loss = mean over (layer, KV head) of KL(s_GT ‖ s_LKV); backward runs through the ``M`` tokens only.
+4. loss = mean over (layer, KV head) of KL(s_GT ‖ s_LKV) (plus an optional top-``C`` term:
+   :func:`training_loss`); backward runs through the ``M`` tokens only.
+
+Two training-only augmentations aim at prompts longer than the training ones (experiments/reach): a position
+offset of the lookahead tokens and a position gap inside the prompt (``max_position_offset``,
+``max_position_gap``); both are off by default.
 
 Validation adds SnapKV's scores from an observation-window capture taken during the same prefill, and
 logs ``val/kl``, ``val/recall@C``, ``val/kendall_tau``, ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau``.
@@ -22,14 +27,57 @@ training and validation steps also return every sample's prefill as a :class:`~l
 
 from __future__ import annotations
 
-from typing import Literal
+import random
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
 
+from lkv.core.metrics import importance_loss
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import Sample
+
+
+def draw_position_offset(max_offset: int, seed: int, epoch: int, batch_idx: int, index: int) -> int:
+    """The lookahead position offset of sample ``index`` of batch ``batch_idx`` in ``epoch``: uniform on
+    ``{0, …, max_offset}``, a function of its arguments only (a resumed fit, and a sibling module with the same
+    seed, draw the same offsets)."""
+    if max_offset == 0:
+        return 0
+    return random.Random(f"lkv-offset:{seed}:{epoch}:{batch_idx}:{index}").randint(0, max_offset)
+
+
+def draw_position_gap(
+    max_gap: int, seed: int, epoch: int, batch_idx: int, index: int, prompt_len: int
+) -> tuple[int, int]:
+    """``(cut, g)`` of the position gap of a sample (as :func:`draw_position_offset`): ``cut ~ U{0..S}``,
+    ``g ~ U{0..max_gap}``; ``(0, 0)`` when ``max_gap`` is 0."""
+    if max_gap == 0:
+        return 0, 0
+    rng = random.Random(f"lkv-gap:{seed}:{epoch}:{batch_idx}:{index}")
+    return rng.randint(0, prompt_len), rng.randint(0, max_gap)
+
+
+def adapter_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
+    """The :meth:`LookaheadAdapter.create` arguments of a module's hyper-parameters (``num_lookahead`` → ``num_tokens``,
+    ``lora_targets`` → ``target_modules``, ...); sibling modules of an in-run ablation are built from here too."""
+    return {
+        "num_tokens": hparams["num_lookahead"],
+        "lora_rank": hparams["lora_rank"],
+        "lora_alpha": hparams["lora_alpha"],
+        "lora_dropout": hparams["lora_dropout"],
+        "target_modules": hparams["lora_targets"],
+        "init": hparams["lookahead_init"],
+        "seed": hparams["seed"],
+    }
+
+
+def training_loss(target: torch.Tensor, pred: torch.Tensor, hparams: Mapping[str, Any]) -> torch.Tensor:
+    """Per-row training loss ``(..., S) → (...)`` of a module's hyper-parameters (the KL, plus the top-``C``
+    term when ``topc_loss_weight`` > 0); sibling modules of an in-run ablation use it with their own."""
+    return importance_loss(target, pred, hparams["topc_loss_weight"], hparams["topc_loss_budget"])
 
 
 class LookaheadKVModule(ImportanceModule):
@@ -52,7 +100,21 @@ class LookaheadKVModule(ImportanceModule):
         min_lr_ratio: final learning rate of the cosine schedule, as a fraction of ``lr``.
         eval_budgets: budgets C of the validation Recall@C.
         snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
-        seed: seed of the embedding and LoRA initialisation.
+        seed: seed of the embedding and LoRA initialisation (and of the position offsets and gaps).
+        max_position_offset: position-offset augmentation: each training sample's lookahead tokens sit a random
+            ``o ~ U{0..max_position_offset}`` positions past the prompt (:meth:`LookaheadAdapter.predict`), so
+            prompts of ~1K tokens teach the query–key distances of prompts up to ~1K + this; 0 = off.
+            Validation and inference use no offset.
+        max_position_gap: position-gap augmentation: each training prompt is prefilled with its positions from a
+            random cut ``k ~ U{0..S}`` on moved ``g ~ U{0..max_position_gap}`` further (and the lookahead tokens with
+            them), so the tokens before the cut sit ``g`` further from the question and from the lookahead queries
+            while the prompt's end stays next to them: a short prompt shaped like a long one whose answer is far
+            from the end. The labels (the response's attention without the gap) are kept; a responses-only label's
+            ground truth is computed on the gapped prefill. Validation and inference use no gap. Unlike
+            ``max_position_offset`` it changes the shared prefill, so an in-run ablation cannot vary it.
+        topc_loss_weight, topc_loss_budget: the weight of a top-``C`` term added to the KL
+            (:func:`lkv.core.metrics.importance_loss`: ``−log`` of the predicted mass on the true top-``C``
+            positions of each (layer, KV head)); 0 = the paper's KL alone.
     """
 
     prediction_name = "lookahead"
@@ -78,8 +140,22 @@ class LookaheadKVModule(ImportanceModule):
         snapkv_window: int = 32,
         snapkv_kernel: int = 7,
         seed: int = 0,
+        max_position_offset: int = 0,
+        max_position_gap: int = 0,
+        topc_loss_weight: float = 0.0,
+        topc_loss_budget: int = 64,
     ) -> None:
         super().__init__(eval_budgets)
+        if topc_loss_weight < 0 or topc_loss_budget <= 0:
+            raise ValueError(
+                f"model.topc_loss_weight must be ≥ 0 and model.topc_loss_budget positive, found "
+                f"{topc_loss_weight} and {topc_loss_budget}"
+            )
+        if max_position_offset < 0 or max_position_gap < 0:
+            raise ValueError(
+                f"model.max_position_offset and model.max_position_gap: expected ≥ 0 positions, found "
+                f"{max_position_offset} and {max_position_gap}"
+            )
         self.save_hyperparameters()
         self.adapter: LookaheadAdapter | None = None
 
@@ -89,32 +165,50 @@ class LookaheadKVModule(ImportanceModule):
             return
         hp = self.hparams
         backbone = self.load_frozen_backbone(load_backbone)
-        self.adapter = LookaheadAdapter.create(
-            backbone,
-            num_tokens=hp.num_lookahead,
-            lora_rank=hp.lora_rank,
-            lora_alpha=hp.lora_alpha,
-            lora_dropout=hp.lora_dropout,
-            target_modules=hp.lora_targets,
-            init=hp.lookahead_init,
-            seed=hp.seed,
-        )
+        self.adapter = LookaheadAdapter.create(backbone, **adapter_settings(hp))
         self.adapter.config.base_model = self.signature.to_dict()
 
-    def importance(self, sample: Sample, snapkv: bool = False) -> dict[str, torch.Tensor]:
+    def importance(
+        self, sample: Sample, snapkv: bool = False, position_offset: int = 0, gap: tuple[int, int] = (0, 0)
+    ) -> dict[str, torch.Tensor]:
         """Predicted and true importance of one sample, sharing one prefill (adapter off).
+
+        Args:
+            position_offset: the lookahead tokens' position offset (:meth:`LookaheadAdapter.predict`).
+            gap: ``(cut, g)``: prompt positions from ``cut`` on, and the lookahead tokens, move ``g`` further
+                (``max_position_gap``); ``(0, 0)``: none.
 
         Returns:
             ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
-            with ``snapkv``, also ``snapkv_window``, the normalised attention of the last ``snapkv_window``
-            prompt queries ``(layers, kv_heads, S)``.
+            ``position_offset``, the gap ``g``; with ``snapkv``, also ``snapkv_window``, the normalised
+            attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``.
         """
-        prompt, window = self.prefill_sample(self.adapter.model, sample, snapkv)
-        pred = self.adapter.predict(prompt.cache, prompt.prompt_len)[0]
-        out = {"target": prompt.target, "pred": pred, "cache": prompt.cache}
+        prompt, window = self.prefill_sample(self.adapter.model, sample, snapkv, gap=gap)
+        pred = self.adapter.predict(
+            prompt.cache, prompt.prompt_len, position_offset + prompt.position_offset
+        )[0]
+        out = {
+            "target": prompt.target,
+            "pred": pred,
+            "cache": prompt.cache,
+            "position_offset": prompt.position_offset,
+        }
         if window is not None:
             out["snapkv_window"] = window
         return out
+
+    def training_importance(self, sample: Sample, batch_idx: int, index: int) -> dict[str, torch.Tensor]:
+        """:meth:`importance` with this sample's position offset and gap (deterministic draws)."""
+        hp = self.hparams
+        offset = draw_position_offset(hp.max_position_offset, hp.seed, self.current_epoch, batch_idx, index)
+        gap = draw_position_gap(
+            hp.max_position_gap, hp.seed, self.current_epoch, batch_idx, index, len(sample["prompt_ids"])
+        )
+        return self.importance(sample, position_offset=offset, gap=gap)
+
+    def loss(self, sample: Sample, scores: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One sample's training loss: :func:`training_loss` (the KL, plus the top-``C`` term when weighted)."""
+        return training_loss(scores["target"], scores["pred"], self.hparams).mean()
 
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         """State-dict key → parameter of the lookahead embeddings and the LoRA weights."""

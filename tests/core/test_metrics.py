@@ -125,3 +125,25 @@ def test_ranking_metrics_names():
     names = set(ranking_metrics([32, 64], "val/").keys())
     assert names == {"val/recall@32", "val/recall@64", "val/kendall_tau", "val/kl"}
     assert "val/snapkv_kl" not in ranking_metrics([64], "val/snapkv_", kl=False)
+
+
+def test_topc_mass_loss_is_minus_log_of_the_mass_on_the_true_top_c():
+    from lkv.core.metrics import importance_kl, importance_loss, topc_mass_loss
+
+    gen = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(3, 2, 40, generator=gen) * 3, dim=-1)
+    pred = torch.softmax(torch.randn(3, 2, 40, generator=gen), dim=-1)
+    want = torch.empty(3, 2)
+    for i in range(3):
+        for j in range(2):
+            top = sorted(range(40), key=lambda k: -float(target[i, j, k]))[:5]
+            want[i, j] = -torch.log(sum(pred[i, j, k] for k in top))
+    torch.testing.assert_close(topc_mass_loss(target, pred, 5), want)
+    # all of the predicted mass on the true top-C: no loss; a budget above S: the whole row
+    on_top = torch.zeros_like(pred).scatter_(-1, target.topk(5, dim=-1).indices, 0.2)
+    torch.testing.assert_close(topc_mass_loss(target, on_top, 5), torch.zeros(3, 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(topc_mass_loss(target, pred, 100), torch.zeros(3, 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(importance_loss(target, pred), importance_kl(target, pred))
+    torch.testing.assert_close(
+        importance_loss(target, pred, 0.5, 5), importance_kl(target, pred) + 0.5 * want
+    )

@@ -10,7 +10,7 @@ import torch
 
 import lkv.commands.eval
 import lkv.eval.runner
-from lkv.core.generation import Sampling, eos_ids
+from lkv.core.generation import Sampling, eos_ids, prefill
 from lkv.core.metrics import kendall_tau_b, topk_recall
 from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
 from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
@@ -440,3 +440,108 @@ def test_adapter_free_rows_start_a_folder_for_another_adapter(tmp_path):
     check_run(target, {"model": "m", "adapter": "bbb"})  # another adapter resumes the copied folder
     with pytest.raises(FileExistsError):
         copy_adapter_free(source, target)
+
+
+def test_named_modules_may_join_a_folder_but_keep_their_module(tmp_path):
+    check_run(tmp_path, {"model": "m", "adapter": "aaa", "adapters": {"s1": "111"}})
+    check_run(tmp_path, {"model": "m", "adapter": "aaa", "adapters": {"s2": "222"}})  # a later module joins
+    assert json.loads((tmp_path / "run.json").read_text())["adapters"] == {"s1": "111", "s2": "222"}
+    check_run(tmp_path, {"model": "m", "adapter": "aaa"})  # a run without them leaves them be
+    with pytest.raises(ValueError, match=r"other lookahead modules under the names \['s1'\]"):
+        check_run(tmp_path, {"model": "m", "adapter": "aaa", "adapters": {"s1": "999"}})
+
+
+def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpus, tmp_path, monkeypatch):
+    """`--adapters`: every module's rows equal an eval of that module alone, from one prefill per sample."""
+    import lkv.eviction.compressor
+    from lkv.model.lookahead import LookaheadAdapter
+    from tests.conftest import build_tiny_model
+    from tests.model.test_lookahead import perturb_lora
+
+    folders = {}
+    for seed in (1, 2):
+        model, _ = build_tiny_model("llama")
+        adapter = LookaheadAdapter.create(model, num_tokens=3, seed=seed)
+        perturb_lora(adapter, seed=seed)
+        adapter.save(tmp_path / f"adapter{seed}")
+        folders[seed] = str(tmp_path / f"adapter{seed}")
+    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    prefills = []
+    monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
+    lkv.commands.eval.evaluate(
+        methods=("lookaheadkv",),
+        adapter=folders[1],
+        adapters={"two": folders[2]},
+        output=str(tmp_path / "both"),
+        **args,
+    )
+    assert len(prefills) == 1  # one sample, one setting: one prefill for both modules
+    both = {r["method"]: r for r in read_rows(tmp_path / "both")}
+    assert set(both) == {"lookaheadkv", "lookaheadkv:two"}
+    for seed, method in ((1, "lookaheadkv"), (2, "lookaheadkv:two")):
+        lkv.commands.eval.evaluate(
+            methods=("lookaheadkv",), adapter=folders[seed], output=str(tmp_path / f"alone{seed}"), **args
+        )
+        (alone,) = read_rows(tmp_path / f"alone{seed}")
+        assert both[method]["answer_ids"] == alone["answer_ids"]
+    # on one model the two modules score as each alone, and differently from each other
+    from lkv.eviction.presses import LookaheadKVPress
+
+    ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(0))
+    first = LookaheadKVPress.from_folder(folders[1], build_tiny_model("llama")[0])
+    second = LookaheadKVPress.from_folder(folders[2], first.adapter.model, adapter_name="two")
+    scores = {}
+    for name, press in (("first", first), ("second", second)):
+        cache, _ = prefill(press.base_model, ids)
+        with torch.no_grad():
+            scores[name] = press.adapter.predict(cache, 40)
+    for seed, name in ((1, "first"), (2, "second")):
+        alone = LookaheadKVPress.from_folder(folders[seed], build_tiny_model("llama")[0])
+        with torch.no_grad():
+            want = alone.adapter.predict(prefill(alone.base_model, ids)[0], 40)
+        torch.testing.assert_close(scores[name], want)
+    assert (scores["first"] - scores["second"]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="give --adapter too"):
+        lkv.commands.eval.evaluate(
+            methods=("snapkv",), adapters={"two": folders[2]}, output=str(tmp_path / "x"), **args
+        )
+
+
+def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch
+):
+    """`press_args` reach `lookaheadkv` and named modules (kernel, pooling only); the run's settings stay its own."""
+    import lkv.eviction.compressor
+    from lkv.model.lookahead import LookaheadAdapter
+    from tests.conftest import build_tiny_model
+    from tests.model.test_lookahead import perturb_lora
+
+    model, _ = build_tiny_model("llama")
+    adapter = LookaheadAdapter.create(model, num_tokens=3)
+    perturb_lora(adapter)
+    adapter.save(tmp_path / "adapter")
+    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
+    folder = str(tmp_path / "adapter")
+    lkv.commands.eval.evaluate(
+        methods=("lookaheadkv",),
+        adapter=folder,
+        adapters={"pooled": folder},
+        press_args={"lookaheadkv:pooled": {"kernel": 5}},
+        output=str(tmp_path / "out"),
+        **args,
+    )
+    rows = read_rows(tmp_path / "out")
+    assert {(r["method"], r["setting"]) for r in rows} == {
+        ("lookaheadkv", "aware"),
+        ("lookaheadkv:pooled", "aware"),
+    }
+    with pytest.raises(ValueError, match="takes only kernel and pooling"):
+        lkv.commands.eval.evaluate(
+            methods=("lookaheadkv",),
+            adapter=folder,
+            press_args={"lookaheadkv": {"window": 4}},
+            output=str(tmp_path / "x"),
+            **args,
+        )

@@ -47,6 +47,7 @@ def test_registry_builds_every_task():
     assert set(TASKS) == {
         "niah",
         "needle_families",
+        "needle_tokens",
         "ruler",
         "code",
         "code_lookup",

@@ -27,6 +27,8 @@ SETTINGS = {
     "keydiff": {},
     "probe": {},
 }
+# A LookaheadKV press that max-pools its scores (not a registered method: a setting of lookaheadkv).
+POOLED = "lookaheadkv-pooled"
 
 
 PROMPT_LEN = 48
@@ -35,7 +37,7 @@ PROMPT_LEN = 48
 def build_press(name: str, model) -> Press:
     if name == "probe":  # an untrained MLP probe: random weights rank the tokens as well as trained ones
         return ProbePress(ImportanceProbe.create(model, hidden_dim=8, seed=0))
-    if name != "lookaheadkv":
+    if not name.startswith("lookaheadkv"):
         return make_method(name, **SETTINGS[name])
     adapter = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)
     # A non-zero LoRA (B starts at 0), so an adapter leaking outside predict() would change the answers.
@@ -43,7 +45,7 @@ def build_press(name: str, model) -> Press:
     for param_name, param in adapter.trainable_parameters().items():
         if "lora_B" in param_name:
             param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
-    return LookaheadKVPress(adapter)
+    return LookaheadKVPress(adapter, kernel=5 if name == POOLED else 1)
 
 
 def prompt(model, length: int = PROMPT_LEN, seed: int = 0) -> torch.Tensor:

@@ -13,11 +13,11 @@ import torch
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import Press, PressContext
+from lkv.eviction.presses import Press, PressContext, pool_scores
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.registry import METHODS, make_method
-from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
+from tests.eviction.conftest import POOLED, PROMPT_LEN, SETTINGS, build_press, prompt
 from tests.reference import (
     eager_attentions,
     eager_reference,
@@ -234,3 +234,16 @@ def test_pooling_mode_is_checked_when_the_press_is_made(method):
         make_method(method, pooling="median")
     with pytest.raises(ValueError, match="odd number"):
         make_method(method, kernel=4)
+
+
+def test_pooled_lookaheadkv_scores_are_its_scores_max_pooled(tiny_llama):
+    model, _ = tiny_llama
+    pooled = build_press(POOLED, model)
+    ids = prompt(pooled.base_model)
+    cache, logits = prefill(pooled.base_model, ids)
+    ctx = PressContext(pooled.base_model, ids, cache, logits)
+    plain = LookaheadKVPress(pooled.adapter).score(ctx)
+    torch.testing.assert_close(pooled.score(ctx), pool_scores(plain, 5, "max"), rtol=0, atol=0)
+    assert not torch.equal(pooled.score(ctx), plain)
+    with pytest.raises(ValueError, match="odd number"):
+        LookaheadKVPress(pooled.adapter, kernel=4)

@@ -23,8 +23,9 @@ STREAMED = [
     "expected_attention",
     "keydiff",
     "probe",
+    "lookaheadkv-pooled",
 ]
-TRAINED = ("lookaheadkv", "probe")  # built from a module, not by name
+TRAINED = ("lookaheadkv", "probe", "lookaheadkv-pooled")  # built from a module, not by name
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 

@@ -82,6 +82,18 @@ def test_find_value_prompts_contain_their_answer(tiny_corpus):
         assert 0.0 <= prompt.meta["depth"] <= 1.0
 
 
+def test_fact_depths_put_the_facts_early_in_the_passage(tiny_corpus):
+    default = list(builtin(tiny_corpus, num_prompts=30, retrieval_fraction=1.0))
+    early = list(builtin(tiny_corpus, num_prompts=30, retrieval_fraction=1.0, fact_depths=(0.0, 0.3)))
+    assert max(p.meta["depth"] for p in early) <= 0.32 < max(p.meta["depth"] for p in default)
+    # the same passages and facts, only moved: a default-range run draws what it always drew
+    assert [p.answer for p in early] == [p.answer for p in default]
+    assert [p.id for p in builtin(tiny_corpus, fact_depths=(0.0, 1.0))] == [
+        p.id for p in builtin(tiny_corpus)
+    ]
+    assert "fact_depths=[0.0, 0.3]" in builtin(tiny_corpus, fact_depths=(0.0, 0.3)).describe()
+
+
 def test_builtin_defaults_read_the_cached_assets(tiny_corpus, monkeypatch):
     essays, stdlib = tiny_corpus
     monkeypatch.setattr(assets, "essays_dir", lambda fetch=True: essays)
@@ -101,6 +113,7 @@ def test_builtin_describe_names_its_settings(tiny_corpus):
         ({"min_words": 50, "max_words": 10}, "min_words ≤ max_words"),
         ({"code_fraction": 1.2}, "code_fraction must be in"),
         ({"split": "test"}, "split must be 'train' or 'heldout'"),
+        ({"fact_depths": (0.6, 0.2)}, "fact_depths must be"),
     ],
 )
 def test_builtin_rejects_bad_settings(tiny_corpus, kwargs, message):

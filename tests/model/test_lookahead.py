@@ -272,3 +272,32 @@ def test_a_second_lookahead_step_with_grad_on_the_same_cache_backpropagates_alon
     for _ in range(2):
         importance_kl(target, adapter.predict(cache, ids.shape[1])[0]).mean().backward()
     assert all(not layer.keys.requires_grad for layer in cache.layers)
+
+
+@pytest.mark.parametrize("offset", [0, 37])
+def test_position_offset_moves_only_the_lookahead_queries_rope(tiny_model, offset):
+    """RoPE depends on query–key distance only: the lookahead tokens ``x`` positions past a prompt prefilled at
+    ``0..S-1`` score exactly as ``o + x`` positions past the same prompt prefilled at ``o..o+S-1``."""
+    model, _ = tiny_model
+    ids = random_prompt(model)
+    length = ids.shape[1]
+    adapter = LookaheadAdapter.create(model, num_tokens=4)
+    perturb_lora(adapter)
+    shift = 100
+    with torch.no_grad():
+        plain = adapter.predict(prefill(adapter.model, ids)[0], length, position_offset=offset)
+        shifted_cache, _ = prefill(adapter.model, ids, position_ids=torch.arange(shift, shift + length)[None])
+        shifted = adapter.predict(shifted_cache, length, position_offset=shift + offset)
+        unshifted = adapter.predict(prefill(adapter.model, ids)[0], length, position_offset=shift + offset)
+    torch.testing.assert_close(shifted, plain, atol=2e-5, rtol=1e-4)
+    # the offset really reaches RoPE: the same offset on the unshifted prompt changes the scores
+    assert (unshifted - plain).abs().max() > 1e-4
+    assert shifted_cache.get_seq_length() == length  # cropped back as without an offset
+
+
+def test_position_offset_must_not_be_negative(tiny_llama):
+    model, _ = tiny_llama
+    ids = random_prompt(model)
+    adapter = LookaheadAdapter.create(model, num_tokens=2)
+    with pytest.raises(ValueError, match="position_offset"):
+        adapter.predict(prefill(adapter.model, ids)[0], ids.shape[1], position_offset=-1)

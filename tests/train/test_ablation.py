@@ -241,3 +241,41 @@ def test_the_shipped_ablation_runs_the_sweeps_grid_and_recipe():
     assert config["data"] == base["data"]
     # the callback instantiates from its YAML arguments (no model is loaded)
     assert len(LookaheadAblation(**args).values) == 12
+
+
+@pytest.mark.parametrize(
+    "settings", [{"max_position_offset": 3000}, {"topc_loss_weight": 1.0, "topc_loss_budget": 4}]
+)
+def test_a_training_step_setting_sibling_equals_its_separate_fit(
+    tiny_backbone, label_folders, tmp_path, settings
+):
+    """A grid over settings of the training step, not of the module (the position offset, the loss): the sibling
+    trains as a fit of that variant alone, and the setting reaches its loss (it differs from the main module's)."""
+    fit(tmp_path / "alone", label_folders, max_steps=4, **settings)
+    grid = {key: [value] for key, value in settings.items()}
+    fit(tmp_path / "grid", label_folders, max_steps=4, ablation=ablation(tmp_path / "grid", grid))
+    got = scalars(tmp_path / "grid")
+    name = point_name(settings)
+    assert_siblings_match_separate_fits(got, {name: scalars(tmp_path / "alone")})
+    main = torch.tensor([v for _, v in got["train/loss"]])
+    variant = torch.tensor([v for _, v in got[f"ablation/{name}/train/loss"]])
+    assert (main - variant).abs().max() > 1e-4
+
+
+def test_siblings_train_on_the_main_modules_gapped_prefill(tiny_backbone, label_folders, tmp_path):
+    """With a position gap the shared prefill is gapped: a sibling (here M = 6) trains as a fit of that variant
+    with the same gap draws (same seed) alone."""
+    fit(tmp_path / "alone", label_folders, max_steps=4, max_position_gap=300, num_lookahead=6)
+    grid = {"num_lookahead": [6]}
+    fit(
+        tmp_path / "grid",
+        label_folders,
+        max_steps=4,
+        ablation=ablation(tmp_path / "grid", grid),
+        max_position_gap=300,
+    )
+    assert_siblings_match_separate_fits(
+        scalars(tmp_path / "grid"), {"num_lookahead=6": scalars(tmp_path / "alone")}
+    )
+    with pytest.raises(ValueError, match="not lookahead module settings"):
+        LookaheadAblation(grid={"max_position_gap": [300]})

@@ -68,3 +68,48 @@ def test_needle_eval_runs_every_n_steps_and_logs_scores(tiny_backbone, label_fol
 def test_needle_eval_rejects_a_bad_period():
     with pytest.raises(ValueError, match="every_n_steps must be positive, got 0"):
         NeedleEval(every_n_steps=0)
+
+
+def test_needle_reach_logs_each_module_and_the_oracle(tiny_backbone, label_folders, tiny_corpus, tmp_path):  # noqa: F811
+    """NeedleReach: the main module, an ablation sibling and the Oracle, each per budget, every validation; the
+    logged means are those of the rows it wrote."""
+    from lkv.eval.tasks import NeedleFamilyTask
+    from lkv.train.ablation import LookaheadAblation
+    from lkv.train.callbacks import NeedleReach
+
+    needles = NeedleFamilyTask(
+        distribution="in",
+        families=("magic_number",),
+        lengths=(200,),
+        distances=(30, 120),
+        essays_dir=str(tiny_corpus[0]),
+        heldout_fraction=0.5,
+    )
+    ablation = LookaheadAblation(grid={"seed": [1]}, output=str(tmp_path / "ablation"), overhead_tokens=0)
+    trainer = L.Trainer(
+        max_steps=4,
+        accelerator="cpu",
+        logger=TensorBoardLogger(tmp_path, name="tb", version="v"),
+        callbacks=[ablation, NeedleReach(needles, budgets=(8, NO_EVICTION))],
+        val_check_interval=2,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = LabelDataModule(train=str(label_folders["train"]), val=str(label_folders["val"]))
+    trainer.fit(LookaheadKVModule(model="tiny", **TINY), data)
+
+    assert sorted(p.name for p in (tmp_path / "tb" / "v" / "reach").iterdir()) == ["step2", "step4"]
+    rows = [json.loads(line) for line in (tmp_path / "tb" / "v" / "reach" / "step4" / "results.jsonl").open()]
+    assert {r["method"] for r in rows} == {"lookaheadkv", "oracle", "seed=1"}
+    events = EventAccumulator(str(tmp_path / "tb" / "v")).Reload()
+    logged = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    for method, tag in (
+        ("lookaheadkv", "val/needle_kept@8"),
+        ("seed=1", "ablation/seed=1/val/needle_kept@8"),
+        ("oracle", "val/oracle_needle_kept@8"),
+    ):
+        scores = [r["score"] for r in rows if r["method"] == method and r["budget"] == "8"]
+        assert len(logged[tag]) == 2 and logged[tag][-1] == pytest.approx(sum(scores) / len(scores))
+    assert logged[f"val/needle_kept@{NO_EVICTION}"] == [1.0, 1.0]

@@ -101,3 +101,36 @@ def test_fit_refuses_labels_of_another_model(tiny_backbone, label_folders, tmp_p
         ValueError, match=r"label folder .*qwen \(train\).*'tiny' \(qwen3.*loaded model is 'tiny' \(llama"
     ):
         fit(tmp_path, label_folders, max_steps=1, train="qwen")
+
+
+def test_a_position_gap_moves_the_prompt_tail_and_the_lookahead_tokens(tiny_backbone, label_folders):
+    """RoPE sees only distances: a gap cut at 0 moves everything (no change), a gap cut at the end is a pure
+    lookahead offset; a gap cut inside moves the tail away from the head only. Online ground truth follows."""
+    module = configured()
+    from tests.model.test_lookahead import perturb_lora
+
+    perturb_lora(module.adapter)
+    data = LabelDataModule(train=str(label_folders["online"]), shuffle=False)
+    data.setup("fit")
+    (sample,) = next(iter(data.train_dataloader()))
+    length = len(sample["prompt_ids"])
+    with torch.no_grad():
+        plain = module.importance(sample)
+        shifted = module.importance(sample, gap=(0, 50))
+        tail = module.importance(sample, gap=(length, 50))
+        offset = module.importance(sample, position_offset=50)
+        inside = module.importance(sample, gap=(length // 2, 50))
+    for key in ("pred", "target"):
+        torch.testing.assert_close(shifted[key], plain[key], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(tail["pred"], offset["pred"], atol=2e-5, rtol=1e-4)
+    assert (inside["pred"] - plain["pred"]).abs().max() > 1e-4
+    assert (inside["target"] - plain["target"]).abs().max() > 1e-4  # the ground truth is the gapped one
+
+
+def test_position_gap_draws_are_reproducible_and_bounded():
+    from lkv.train.module import draw_position_gap
+
+    draws = [draw_position_gap(500, 0, 0, b, 0, 40) for b in range(200)]
+    assert draws == [draw_position_gap(500, 0, 0, b, 0, 40) for b in range(200)]
+    assert all(0 <= cut <= 40 and 0 <= gap <= 500 for cut, gap in draws)
+    assert len(set(draws)) > 150 and draw_position_gap(0, 0, 0, 0, 0, 40) == (0, 0)

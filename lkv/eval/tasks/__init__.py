@@ -14,11 +14,13 @@ from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
 from lkv.eval.tasks.needle import NeedleTask
 from lkv.eval.tasks.needle_families import NeedleFamilyTask
+from lkv.eval.tasks.needle_tokens import NeedleTokenTask
 from lkv.eval.tasks.ruler import RulerTask
 
 TASKS: dict[str, type[Benchmark]] = {
     "niah": NeedleTask,
     "needle_families": NeedleFamilyTask,
+    "needle_tokens": NeedleTokenTask,
     "ruler": RulerTask,
     "code": CodeCompletionTask,
     "code_lookup": CodeLookupTask,
@@ -47,6 +49,7 @@ __all__ = [
     "LongBenchTask",
     "NeedleFamilyTask",
     "NeedleTask",
+    "NeedleTokenTask",
     "RulerTask",
     "Sample",
     "Task",

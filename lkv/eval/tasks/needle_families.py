@@ -86,7 +86,12 @@ class NeedleFamilyTask(GeneratedTask):
             both for ``out``.
         lengths: haystack sizes in tokens.
         depths: depth of the (first) needle, the share of the haystack's tokens before it.
-        samples_per_cell: samples per (family, haystack, length, depth).
+        distances: instead of ``depths``, the (first) needle's distance from the end of the haystack in tokens
+            (the tokens between the end of its sentence and the question), e.g. ``(250, 1000, 3000)``: the
+            reach probe, where what matters is how far back the answer sits, not the prompt's length. A
+            distance must be shorter than the length; cells where it is not are skipped. Rows record the
+            nominal ``distance`` and the measured one (``needle_distance``) in ``meta``.
+        samples_per_cell: samples per (family, haystack, length, depth or distance).
         answer_slack: tokens generated beyond the asked values' own length (room for "The passphrase
             for ... is"): decoding stops at the answer's length plus this.
         seed: base seed.
@@ -104,6 +109,7 @@ class NeedleFamilyTask(GeneratedTask):
         haystacks: tuple[str, ...] | None = None,
         lengths: tuple[int, ...] = (1024, 2048),
         depths: tuple[float, ...] = (0.1, 0.5, 0.9),
+        distances: tuple[int, ...] | None = None,
         samples_per_cell: int = 1,
         answer_slack: int = 16,
         seed: int = 0,
@@ -129,12 +135,19 @@ class NeedleFamilyTask(GeneratedTask):
                 )
         if answer_slack < 0:
             raise ValueError(f"answer_slack must be ≥ 0, got {answer_slack}")
+        if distances is not None:
+            distances = tuple(distances)
+            if not distances or min(distances) < 0:
+                raise ValueError(f"distances must be a non-empty list of token counts ≥ 0, got {distances}")
+            if not any(d < n for d in distances for n in lengths):
+                raise ValueError(f"no distance in {distances} is shorter than a length in {tuple(lengths)}")
         super().__init__(lengths, seed, heldout_fraction, None, depths, samples_per_cell=samples_per_cell)
         self.name = "needle_id" if distribution == "in" else "needle_ood"
         self.distribution = distribution
         self.families = families
         self.haystacks = tuple(haystacks)
         self.answer_slack = answer_slack
+        self.distances = distances
         self.essays_dir = essays_dir
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
@@ -147,10 +160,10 @@ class NeedleFamilyTask(GeneratedTask):
         for family in self.families:
             for haystack in self.haystacks:
                 for length in self.lengths:
-                    for depth in self.depths:
+                    for place in self._places(length):
                         for index in range(self.samples_per_cell):
                             sample = self._sample(
-                                FAMILIES[family], haystack, corpora[haystack], length, depth, index
+                                FAMILIES[family], haystack, corpora[haystack], length, place, index
                             )
                             answer_tokens = len(
                                 tokenizer(" ".join(sample.answers), add_special_tokens=False)["input_ids"]
@@ -159,16 +172,27 @@ class NeedleFamilyTask(GeneratedTask):
                             out.append(sample)
         return out
 
+    def _places(self, length: int) -> list[float | int]:
+        """Where the (first) needle goes in a haystack of ``length`` tokens: depths (floats), or distances from
+        the end (ints) shorter than ``length``."""
+        if self.distances is None:
+            return list(self.depths)
+        return [d for d in self.distances if d < length]
+
     def _sample(
         self,
         family: NeedleFamily,
         haystack: str,
         corpus: SentenceCorpus,
         length: int,
-        depth: float,
+        place: float | int,
         index: int,
     ) -> Sample:
-        rng = rng_for(self.name, family.name, haystack, self.seed, length, depth, index)
+        """One sample; ``place`` is a depth (a float in [0, 1]) or, with ``distances``, a distance in tokens."""
+        by_distance = self.distances is not None
+        rng = rng_for(
+            self.name, family.name, haystack, self.seed, length, f"D{place}" if by_distance else place, index
+        )
         if family.same_format:
             chosen = [fact_format(rng.choice(family.formats))] * family.needles
         else:
@@ -178,9 +202,15 @@ class NeedleFamilyTask(GeneratedTask):
         keys = rng.sample(key_pool, family.needles)
         values = _distinct_values(chosen, rng)
         needles = [f.statement.format(key=k, value=v) for f, k, v in zip(chosen, keys, values, strict=True)]
-        depths = [depth, *(rng.random() for _ in range(family.needles - 1))]
         window = corpus.take(length, start=rng.randrange(len(corpus.sentences)))
+        total = sum(s.tokens for s in window)
+        depth = min(1.0, max(0.0, 1.0 - place / total)) if by_distance else place
+        depths = [depth, *(rng.random() for _ in range(family.needles - 1))]
         body = insert_at_depths(window, needles, depths)
+        # haystack tokens after the first needle's sentence (it sits at a sentence boundary; other needles
+        # inserted after it are not counted)
+        after = sum(1 for text in body[body.index(needles[0]) + 1 :] if text not in needles)
+        distance = sum(s.tokens for s in window[len(window) - after :]) if after else 0
         questions = [rng.choice(f.questions).format(key=k) for f, k in zip(chosen, keys, strict=True)]
         asked = questions[: family.asked]
         question = (
@@ -188,8 +218,9 @@ class NeedleFamilyTask(GeneratedTask):
             if len(asked) == 1
             else "Answer each question. " + " ".join(f"{i}. {q}" for i, q in enumerate(asked, start=1))
         )
+        where = f"D{place}" if by_distance else f"d{depth:g}"
         return Sample(
-            id=f"{self.name}-{family.name}-{haystack}-L{length}-d{depth:g}-s{self.seed}-{index}",
+            id=f"{self.name}-{family.name}-{haystack}-L{length}-{where}-s{self.seed}-{index}",
             context=" ".join(body) + "\n\n",
             question=question,
             answers=values[: family.asked],
@@ -199,7 +230,9 @@ class NeedleFamilyTask(GeneratedTask):
                 "distribution": "in-distribution" if self.distribution == "in" else "out-of-distribution",
                 "formats": [f.name for f in chosen],
                 "length": length,
-                "depth": depth,
+                "depth": round(depth, 4),
+                **({"distance": place} if by_distance else {}),
+                "needle_distance": distance,
                 "docs": sorted({s.doc_id for s in window}),
             },
         )

@@ -7,27 +7,53 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
-from lkv.model.lookahead import LookaheadAdapter
+from lkv.eviction.presses.base import (
+    LayerScorer,
+    Press,
+    PressContext,
+    StreamContext,
+    check_pooling,
+    pool_scores,
+)
+from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter
 
 
 class LookaheadKVPress(Press):
-    """Scores = :meth:`LookaheadAdapter.predict` on the prompt cache (no window: paper Table 7).
+    """Scores = :meth:`LookaheadAdapter.predict` on the prompt cache (no window: paper Table 7), optionally
+    1-D pooled as SnapKV pools its window's votes.
 
     The adapter's LoRA is injected into the base model in place and is off outside ``predict``, so the
     prompt's prefill and the decoding run the unchanged base model.
+
+    Args:
+        adapter: the trained lookahead module.
+        kernel, pooling: 1-D pooling of the predicted scores over the prompt (odd kernel, 1 = none; see
+            :data:`~lkv.eviction.presses.base.POOLING_MODES`): a kept token keeps its neighbours' chance, so a
+            value spelled over several tokens (a 7-digit number is 7 tokens in SmolLM2) is kept whole rather than
+            in part.
     """
 
     name = "lookaheadkv"
     streamable = True
 
-    def __init__(self, adapter: LookaheadAdapter) -> None:
+    def __init__(self, adapter: LookaheadAdapter, kernel: int = 1, pooling: str = "max") -> None:
+        check_pooling(kernel, pooling)
         self.adapter = adapter
+        self.kernel = kernel
+        self.pooling = pooling
 
     @classmethod
-    def from_folder(cls, folder: str | Path, model: PreTrainedModel) -> LookaheadKVPress:
-        """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off)."""
-        return cls(LookaheadAdapter.load(folder, model))
+    def from_folder(
+        cls,
+        folder: str | Path,
+        model: PreTrainedModel,
+        adapter_name: str = DEFAULT_ADAPTER,
+        kernel: int = 1,
+        pooling: str = "max",
+    ) -> LookaheadKVPress:
+        """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off); ``model``
+        may be another press's ``adapter.model``, to score one prefill with several modules."""
+        return cls(LookaheadAdapter.load(folder, model, adapter_name=adapter_name), kernel, pooling)
 
     @property
     def base_model(self) -> PreTrainedModel:
@@ -37,12 +63,13 @@ class LookaheadKVPress(Press):
     def score(self, ctx: PressContext) -> torch.Tensor:
         self._check_model(ctx.model)
         with torch.no_grad():
-            return self.adapter.predict(ctx.cache, ctx.prompt_len)
+            return pool_scores(self.adapter.predict(ctx.cache, ctx.prompt_len), self.kernel, self.pooling)
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
         """The lookahead tokens' residual stream beside the prefill (:meth:`LookaheadAdapter.stream`)."""
         self._check_model(ctx.model)
-        return self.adapter.stream(ctx.cache, ctx.prompt_len).layer_scores
+        stream = self.adapter.stream(ctx.cache, ctx.prompt_len)
+        return lambda layer: pool_scores(stream.layer_scores(layer), self.kernel, self.pooling)
 
     def _check_model(self, model: PreTrainedModel) -> None:
         if model is not self.base_model and model is not self.adapter.model:
