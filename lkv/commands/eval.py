@@ -23,6 +23,7 @@ from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
 from lkv.eviction.presses.selector import HeadBudget
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
@@ -137,6 +138,11 @@ def evaluate(
                 f"press_args for {method}: a lookahead module takes only kernel and pooling (its other "
                 f"settings come from its adapter folder), got {sorted(own)}"
             )
+    # run.json records every lookahead module's pooling kernel, the default's too: rows scored with another
+    # (kernel 1 was the default before experiments/reach) are not resumed under it
+    for method in methods:
+        if adapter_method(method):
+            press_args[method] = {"kernel": DEFAULT_KERNEL, **press_args.get(method, {})}
     out = Path(output)
     run_info = {
         "model": model,

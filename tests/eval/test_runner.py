@@ -17,6 +17,7 @@ from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_p
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, ProbePress
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
 from lkv.eviction.registry import make_method
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
@@ -537,6 +538,14 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
         ("lookaheadkv", "aware"),
         ("lookaheadkv:pooled", "aware"),
     }
+    recorded = json.loads((tmp_path / "out" / "run.json").read_text())["press_args"]
+    assert recorded == {"lookaheadkv": {"kernel": DEFAULT_KERNEL}, "lookaheadkv:pooled": {"kernel": 5}}
+    # rows scored without pooling (the default before) are not resumed under the pooled default
+    unpooled = str(tmp_path / "unpooled")
+    one = dict(methods=("lookaheadkv",), adapter=folder, output=unpooled, **args)
+    lkv.commands.eval.evaluate(press_args={"lookaheadkv": {"kernel": 1}}, **one)
+    with pytest.raises(ValueError, match="differs in: press_args"):
+        lkv.commands.eval.evaluate(**one)
     with pytest.raises(ValueError, match="takes only kernel and pooling"):
         lkv.commands.eval.evaluate(
             methods=("lookaheadkv",),

@@ -14,7 +14,7 @@ from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import Press, PressContext, pool_scores
-from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, LookaheadKVPress
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.registry import METHODS, make_method
 from tests.eviction.conftest import POOLED, PROMPT_LEN, SETTINGS, build_press, prompt
@@ -174,7 +174,7 @@ def test_lookahead_tokens_never_reach_decoding(tiny_llama, make_tiny_model, tmp_
     # An exported folder loaded on a fresh copy of the base model scores the same.
     press.adapter.save(tmp_path / "adapter")
     fresh, _ = make_tiny_model("llama")
-    loaded = LookaheadKVPress.from_folder(tmp_path / "adapter", fresh)
+    loaded = LookaheadKVPress.from_folder(tmp_path / "adapter", fresh, kernel=1)
     again = Compressor(fresh, tokenizer, loaded, budget=8).compress(ids)
     torch.testing.assert_close(again.scores, compressed.scores, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="another model"):
@@ -242,7 +242,8 @@ def test_pooled_lookaheadkv_scores_are_its_scores_max_pooled(tiny_llama):
     ids = prompt(pooled.base_model)
     cache, logits = prefill(pooled.base_model, ids)
     ctx = PressContext(pooled.base_model, ids, cache, logits)
-    plain = LookaheadKVPress(pooled.adapter).score(ctx)
+    plain = LookaheadKVPress(pooled.adapter, kernel=1).score(ctx)
+    assert LookaheadKVPress(pooled.adapter).kernel == DEFAULT_KERNEL == 7  # pooled unless told otherwise
     torch.testing.assert_close(pooled.score(ctx), pool_scores(plain, 5, "max"), rtol=0, atol=0)
     assert not torch.equal(pooled.score(ctx), plain)
     with pytest.raises(ValueError, match="odd number"):

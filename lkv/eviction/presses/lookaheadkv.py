@@ -17,6 +17,11 @@ from lkv.eviction.presses.base import (
 )
 from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter
 
+# Max-pooling the predicted scores over 7 positions before top-C keeps a value's tokens together; on the
+# embedded model it keeps more FullKV-solved needles at C = 128–256, near and far from the end of the prompt,
+# on every adapter measured (experiments/reach/README.md). kernel=1 scores without pooling (the paper's).
+DEFAULT_KERNEL = 7
+
 
 class LookaheadKVPress(Press):
     """Scores = :meth:`LookaheadAdapter.predict` on the prompt cache (no window: paper Table 7), optionally
@@ -27,16 +32,16 @@ class LookaheadKVPress(Press):
 
     Args:
         adapter: the trained lookahead module.
-        kernel, pooling: 1-D pooling of the predicted scores over the prompt (odd kernel, 1 = none; see
-            :data:`~lkv.eviction.presses.base.POOLING_MODES`): a kept token keeps its neighbours' chance, so a
-            value spelled over several tokens (a 7-digit number is 7 tokens in SmolLM2) is kept whole rather than
-            in part.
+        kernel, pooling: 1-D pooling of the predicted scores over the prompt (odd kernel, 1 = none, the paper's;
+            default max over 7, :data:`DEFAULT_KERNEL`; see :data:`~lkv.eviction.presses.base.POOLING_MODES`):
+            a kept token keeps its neighbours' chance, so a value spelled over several tokens (a 7-digit number
+            is 7 tokens in SmolLM2) is kept whole rather than in part.
     """
 
     name = "lookaheadkv"
     streamable = True
 
-    def __init__(self, adapter: LookaheadAdapter, kernel: int = 1, pooling: str = "max") -> None:
+    def __init__(self, adapter: LookaheadAdapter, kernel: int = DEFAULT_KERNEL, pooling: str = "max") -> None:
         check_pooling(kernel, pooling)
         self.adapter = adapter
         self.kernel = kernel
@@ -48,7 +53,7 @@ class LookaheadKVPress(Press):
         folder: str | Path,
         model: PreTrainedModel,
         adapter_name: str = DEFAULT_ADAPTER,
-        kernel: int = 1,
+        kernel: int = DEFAULT_KERNEL,
         pooling: str = "max",
     ) -> LookaheadKVPress:
         """Load an ``lkv export`` folder on top of ``model`` (which it modifies in place, adapter off); ``model``
