@@ -67,7 +67,7 @@ _REGISTERED = (
         "lookaheadkv",
         LookaheadKVPress,
         "prefill",
-        "the trained lookahead module predicts the future response's attention",
+        "the trained lookahead module predicts the future response's attention, max-pooled over 7 positions (kernel 1: unpooled)",
         needs="an adapter (`--adapter`)",
     ),
     Method(
