@@ -24,7 +24,7 @@ from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
-from lkv.eviction.presses.selector import HeadBudget
+from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter, resolve_probe
@@ -105,6 +105,13 @@ def evaluate(
     for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
         if value is not None and value <= 0:
             raise ValueError(f"--{name}: expected a positive number, found {value}")
+    # a bad budget ends the run here, before any model loads (it would otherwise surface after the prefills)
+    if not budgets:
+        raise ValueError("--budgets: give at least one budget (tokens per KV head, or a ratio in (0, 1])")
+    try:
+        budgets = tuple(check_budget(budget) for budget in budgets)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--budgets: {error}") from None
     methods = list(dict.fromkeys(m.lower() for m in methods))
     if ("lookaheadkv" in methods) != (adapter is not None):
         raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")

@@ -344,6 +344,16 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
         lkv.commands.eval.evaluate([], methods=("snapkv",), press_args={"tova": {}}, output=str(tmp_path))
     with pytest.raises(ValueError, match="--max_batch_tokens: expected a positive number, found 0"):
         lkv.commands.eval.evaluate([], max_batch_tokens=0, output=str(tmp_path))
+    for bad, said in [
+        ((0,), "≥ 1 token per head, got 0"),
+        ((-3,), "got -3"),
+        ((1.5,), "budget 1.5 is neither"),
+    ]:
+        with pytest.raises(ValueError, match=f"--budgets: .*{said}"):
+            lkv.commands.eval.evaluate([], budgets=bad, output=str(tmp_path / "bad"))
+    with pytest.raises(ValueError, match="--budgets: give at least one budget"):
+        lkv.commands.eval.evaluate([], budgets=(), output=str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()  # refused before run.json is written
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
