@@ -76,6 +76,35 @@ def unrecorded_keys(output: Path, keys: Iterable[str]) -> set[str]:
     return set() if not path.exists() else set(keys) - set(json.loads(path.read_text()))
 
 
+#: ``run.json`` key of the per-method settings
+PRESS_ARGS = "press_args"
+#: what a lookahead module's settings were before ``run.json`` recorded them (the default kernel then)
+UNRECORDED_LOOKAHEAD_ARGS = {"kernel": 1}
+
+
+def _press_args_agree(previous: dict[str, Any], info: dict[str, Any]) -> bool:
+    """Whether two runs' ``press_args`` agree on every method whose rows the folder may hold.
+
+    A training-free method's settings must match (absent = absent). A lookahead module's count only where the
+    earlier run had that module (its ``adapter``, its named ``adapters``): its rows are then in the folder, and
+    an entry it did not record reads as :data:`UNRECORDED_LOOKAHEAD_ARGS`.
+    """
+    before, now = previous.get(PRESS_ARGS) or {}, info.get(PRESS_ARGS) or {}
+    modules = {ADAPTER_METHOD} if previous.get("adapter") is not None else set()
+    modules |= {f"{ADAPTER_METHOD}:{name}" for name in previous.get(NAMED, {})}
+    for method in set(before) | set(now):
+        if adapter_method(method):
+            if (
+                method in modules
+                and method in now
+                and before.get(method, UNRECORDED_LOOKAHEAD_ARGS) != now[method]
+            ):
+                return False
+        elif before.get(method) != now.get(method):
+            return False
+    return True
+
+
 def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()) -> None:
     """Write ``run.json``, or refuse to resume a folder whose earlier run used another model or settings.
 
@@ -105,6 +134,7 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
             k
             for k in info
             if k != NAMED
+            and not (k == PRESS_ARGS and _press_args_agree(previous, info))
             and known.get(k) != info[k]
             and not (k in UNUSED_WHEN_NONE and (known.get(k) is None or info[k] is None))
             and not (k in unrecorded and k not in previous)
@@ -116,6 +146,8 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
                 "use another --output or delete the folder"
             )
         merged = {**info, **{k: v for k, v in previous.items() if v is not None}}
+        if PRESS_ARGS in info:  # the lookahead modules added by this run keep their settings
+            merged[PRESS_ARGS] = {**(previous.get(PRESS_ARGS) or {}), **info[PRESS_ARGS]}
         if named:
             merged[NAMED] = named
         if merged != previous:
@@ -138,6 +170,8 @@ def copy_adapter_free(source: Path, target: Path) -> int:
     info = {k: v for k, v in json.loads((source / RUN_FILE).read_text()).items() if k != NAMED} | {
         "adapter": None
     }
+    # the lookahead modules' settings go with their rows
+    info[PRESS_ARGS] = {m: a for m, a in (info.get(PRESS_ARGS) or {}).items() if not adapter_method(m)}
     target.mkdir(parents=True)
     (target / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
     with (target / RESULTS_FILE).open("w", encoding="utf-8") as out:

@@ -373,6 +373,8 @@ class Evaluator:
                 unit.shared = self._prefill(unit)
                 yield self._full_request(unit)
 
+        if not units:  # every FullKV answer of the chunk is known (a resumed run)
+            return
         lengths = [unit.entries for unit in units]
         eos = self.full.eos_token_ids
         answers = decode_batch(self.model, self.tokenizer, eos, requests(), lengths, keep_prompt=True)

@@ -90,6 +90,21 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     assert len({(r["method"], r["budget"], r["setting"]) for r in redone}) == 8
 
 
+def test_a_method_added_to_a_finished_folder_reuses_the_fullkv_answers(tiny_llama, tiny_corpus, tmp_path):
+    """A chunk whose every FullKV answer is already in the folder decodes none again (and has none to stack)."""
+    model, tokenizer = tiny_llama
+    out, task = tmp_path / "eval", tiny_needle_task(tiny_corpus)
+    first = {"fullkv": FullKVPress(), "snapkv": make_method("snapkv", window=4)}
+    Evaluator(model, tokenizer, first, [8], ["aware", "agnostic"], out, progress=False).run([task])
+    before = read_rows(out)
+    more = {**first, "tova": make_method("tova")}
+    rows = Evaluator(model, tokenizer, more, [8], ["aware", "agnostic"], out, progress=False).run([task])
+    assert {(r["method"], r["setting"]) for r in rows} == {
+        (m, s) for m in more for s in ("aware", "agnostic")
+    }
+    assert [r for r in read_rows(out) if r["method"] != "tova"] == before
+
+
 WINDOWED = ("snapkv", "pyramidkv", "laq", "speckv")
 SCORED = ("snapkv", "pyramidkv", "h2o", "tova", "streamingllm", "laq", "speckv")
 
@@ -327,6 +342,34 @@ def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
     assert json.loads((tmp_path / "run.json").read_text())["adapter"] == "aaa"
     with pytest.raises(ValueError, match=r"another run \(differs in: adapter"):
         check_run(tmp_path, {"model": "m", "adapter": "bbb"})
+
+
+def test_a_lookahead_modules_settings_count_only_where_its_rows_are(tmp_path):
+    kernel = {"lookaheadkv": {"kernel": 7}}
+    # a folder from before the kernel was recorded, with lookaheadkv rows: they were scored with kernel 1
+    old = {"model": "m", "adapter": "aaa", "press_args": {"snapkv": {"window": 4}}}
+    check_run(tmp_path / "old", old)
+    with pytest.raises(ValueError, match="differs in: press_args"):
+        check_run(tmp_path / "old", {**old, "press_args": {"snapkv": {"window": 4}, **kernel}})
+    check_run(
+        tmp_path / "old", {**old, "press_args": {"snapkv": {"window": 4}, "lookaheadkv": {"kernel": 1}}}
+    )
+    # baselines only (no adapter): a module added later brings its own settings; a baseline's must match
+    base = {"model": "m", "adapter": None, "press_args": {"snapkv": {"window": 4}}}
+    check_run(tmp_path / "base", base)
+    check_run(
+        tmp_path / "base", {**base, "adapter": "aaa", "press_args": {"snapkv": {"window": 4}, **kernel}}
+    )
+    assert json.loads((tmp_path / "base" / "run.json").read_text())["press_args"]["lookaheadkv"] == {
+        "kernel": 7
+    }
+    with pytest.raises(ValueError, match="differs in: press_args"):
+        check_run(tmp_path / "base", {**base, "press_args": {"snapkv": {"window": 8}}})
+    # a copy keeps the baselines' settings, not the module's
+    (tmp_path / "base" / "results.jsonl").write_text("")
+    copy_adapter_free(tmp_path / "base", tmp_path / "copy")
+    copied = json.loads((tmp_path / "copy" / "run.json").read_text())
+    assert copied["adapter"] is None and copied["press_args"] == {"snapkv": {"window": 4}}
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
