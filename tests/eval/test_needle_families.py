@@ -196,3 +196,39 @@ def test_training_prompts_never_contain_evaluation_only_facts_or_questions(tiny_
 def test_evaluation_only_fact_formats_are_refused_for_training(tiny_corpus):
     with pytest.raises(ValueError, match=r"\['passphrase'\] are evaluation-only"):
         BuiltinPrompts(fact_formats=("magic_number", "passphrase"))
+
+
+@pytest.mark.slow
+def test_the_committed_full_evaluation_needles_are_drawn_again():
+    """configs/eval/full_evidence.yaml draws, sample for sample, the needles its committed rows were scored on
+    (same haystack documents, depths and values): a change to a task's random draws would otherwise pair new
+    prompts with old rows when a folder is resumed or copied (multi-needle families drew the window after the
+    other needles' depths, and once briefly the other way round)."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from lkv.model.backbone import load_backbone
+
+    root = Path(__file__).resolve().parents[2]
+    config = yaml.safe_load((root / "configs/eval/full_evidence.yaml").read_text())
+    committed = {
+        (row["task"], row["sample"]): row
+        for row in map(json.loads, (root / "experiments/full_evidence/results/results.jsonl").open())
+        if row["method"] == "fullkv" and row["setting"] == "aware"
+    }
+    _, tokenizer = load_backbone("smollm2-135m")
+    checked = 0
+    for spec in config["tasks"]:
+        if not spec["class_path"].endswith("NeedleFamilyTask"):
+            continue
+        needle_task = NeedleFamilyTask(**spec["init_args"])
+        for sample in needle_task.samples(tokenizer):
+            row = committed[(needle_task.name, sample.id)]
+            assert sample.meta["docs"] == row["meta"]["docs"], sample.id
+            assert sample.meta["depth"] == row["meta"]["depth"] and sample.answers == row["answers"], (
+                sample.id
+            )
+            checked += 1
+    assert checked == 60 + 84

@@ -202,10 +202,12 @@ class NeedleFamilyTask(GeneratedTask):
         keys = rng.sample(key_pool, family.needles)
         values = _distinct_values(chosen, rng)
         needles = [f.statement.format(key=k, value=v) for f, k, v in zip(chosen, keys, values, strict=True)]
+        # the other needles' depths are drawn before the window, as they always were: a seed keeps its samples
+        others = [rng.random() for _ in range(family.needles - 1)]
         window = corpus.take(length, start=rng.randrange(len(corpus.sentences)))
         total = sum(s.tokens for s in window)
         depth = min(1.0, max(0.0, 1.0 - place / total)) if by_distance else place
-        depths = [depth, *(rng.random() for _ in range(family.needles - 1))]
+        depths = [depth, *others]
         body = insert_at_depths(window, needles, depths)
         # haystack tokens after the first needle's sentence (it sits at a sentence boundary; other needles
         # inserted after it are not counted)
