@@ -21,9 +21,11 @@ from lkv.core.attention import AttentionCapture, query_blocks
 from lkv.core.chat import chat_parts
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
+from lkv.core.reconstruction import REPEAT_INSTRUCTION
 from lkv.eviction.presses.base import Press, PressContext
 
-REPEAT_PROMPT = "\n\nRepeat the previous context exactly."
+# the same sentence as the probe's KVzip+ targets (lkv.core.reconstruction), as a new paragraph
+REPEAT_PROMPT = "\n\n" + REPEAT_INSTRUCTION
 REPEAT_PART_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"
 
 
