@@ -1,0 +1,190 @@
+"""The RULER table of issue 27 (item 4): per-task scores and FullKV-solved retention, at 4K and 8K tokens.
+
+    python experiments/reach/ruler.py [--runs experiments/reach/ruler_4k experiments/reach/ruler_8k]
+        [--out experiments/reach/ruler.md]
+
+Each run is an ``lkv eval`` folder of ``configs/eval/reach_ruler_{4k,8k}.yaml``. Per run:
+
+- **Scores**: each method's mean ``string_match`` × 100 per task and budget (n samples per task in the
+  header), and its mean over the tasks FullKV scores above 0 on. Tasks FullKV scores 0 on are listed apart,
+  never averaged in.
+- **Kept**: of the (task, sample) pairs FullKV answers fully (score 1), the share each method still answers
+  fully, Wilson 95 %, pooled over tasks.
+- **Paired**: each LookaheadKV module against the strongest competitor of each budget (the highest kept share
+  among the methods that evict before decoding and need no Oracle: Quest keeps the whole cache and the Oracle
+  reads the answer), on the same FullKV-solved pairs, exact McNemar.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from analyze import BUDGETS, FULL, _kept, _order, fullkv_solved, read
+
+from lkv.eval.stats import mcnemar_exact
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_COMPETITORS = ("fullkv", "oracle", "quest")  # reference, upper bound, full-cache decode-time selection
+
+
+def is_lookahead(method: str) -> bool:
+    return method == "lookaheadkv" or method.startswith("lookaheadkv:")
+
+
+def score_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: mean score × 100 per (method, task) at each budget; FullKV-unsolvable tasks set apart."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    by_cell: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # (method, budget, task) → scores
+    for r in rows:
+        by_cell[(r["method"], r["budget"], r["task"])].append(r["score"])
+    full = {t: by_cell[("fullkv", FULL, t)] for t in tasks}
+    solvable = [t for t in tasks if full[t] and sum(full[t]) > 0]
+    unsolvable = [t for t in tasks if t not in solvable]
+    n = {t: len(full[t]) for t in tasks}
+    lines = [
+        "Mean string_match × 100 per task (n samples: "
+        + ", ".join(f"{t} {n[t]}" for t in tasks)
+        + "); *mean* = over the tasks FullKV scores above 0 on.",
+        "",
+    ]
+    if unsolvable:
+        lines += [f"FullKV scores 0 on {', '.join(unsolvable)}: listed, not averaged in.", ""]
+
+    def row(method: str, budget: str) -> str:
+        cells = [by_cell.get((method, budget, t)) for t in tasks]
+        means = [100 * sum(c) / len(c) if c else None for c in cells]
+        avg = [m for t, m in zip(tasks, means, strict=True) if t in solvable and m is not None]
+        text = ["–" if m is None else f"{m:.0f}" for m in means]
+        mean = f"**{sum(avg) / len(avg):.1f}**" if len(avg) == len(solvable) and avg else "–"
+        return f"| {method} | " + " | ".join(text) + f" | {mean} |"
+
+    header = "| method | " + " | ".join(tasks) + " | mean |"
+    rule = "|---|" + "---:|" * (len(tasks) + 1)
+    lines += ["**FullKV**", "", header, rule, row("fullkv", FULL), ""]
+    methods = [m for m in _order(r["method"] for r in rows) if m != "fullkv"]
+    for budget in BUDGETS:
+        lines += [f"**C = {budget}**", "", header, rule]
+        lines += [row(m, budget) for m in methods if any((m, budget, t) in by_cell for t in tasks)]
+        lines.append("")
+    return lines
+
+
+def kept_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown: FullKV-solved pairs kept per method and budget, and LookaheadKV vs the strongest competitor."""
+    solved = fullkv_solved(rows)
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
+    for r in rows:
+        key = (r["task"], r["sample"])
+        if r["method"] != "fullkv" and key in solved:
+            outcome[(r["method"], r["budget"])][key] = float(r["score"] == 1.0)
+    if not solved:
+        return []
+    methods = [m for m in _order(r["method"] for r in rows) if m != "fullkv"]
+    samples = {(r["task"], r["sample"]) for r in rows}
+    lines = [
+        f"FullKV answers {len(solved)} of {len(samples)} (task, sample) pairs fully. Kept: of those, the pairs "
+        "each method still answers fully, Wilson 95 %.",
+        "",
+        "| method | " + " | ".join(f"C={b}" for b in BUDGETS) + " |",
+        "|---|" + "---:|" * len(BUDGETS),
+    ]
+    for method in methods:
+        cells = [_kept(list(outcome.get((method, b), {}).values())) for b in BUDGETS]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    modules = [m for m in methods if is_lookahead(m)]
+    strongest = strongest_competitors(outcome, methods)
+    if modules and strongest:
+        lines += [
+            "",
+            "Paired against the strongest competitor of each budget (named in the cell): points (wins/losses), "
+            "exact McNemar p; **bold** = p < 0.05.",
+            "",
+            *paired_lines(outcome, modules, strongest),
+        ]
+    after = [m for m in modules if m != "lookaheadkv"]
+    if "lookaheadkv" in modules and after:
+        lines += [
+            "After against before (`lookaheadkv`, the committed module unpooled), same pairs:",
+            "",
+            *paired_lines(outcome, after, dict.fromkeys(BUDGETS, "lookaheadkv")),
+        ]
+    return lines
+
+
+def strongest_competitors(
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]], methods: list[str]
+) -> dict[str, str]:
+    """Budget → the competitor with the highest kept share (no LookaheadKV module, reference or Oracle)."""
+    competitors = [m for m in methods if m not in NOT_COMPETITORS and not is_lookahead(m)]
+    strongest = {}
+    for budget in BUDGETS:
+        shares = {m: outcome.get((m, budget), {}) for m in competitors}
+        shares = {m: sum(v.values()) / len(v) for m, v in shares.items() if v}
+        if shares:
+            strongest[budget] = max(shares, key=shares.get)
+    return strongest
+
+
+def paired_lines(
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]], modules: list[str], rival: dict[str, str]
+) -> list[str]:
+    """Each of ``modules`` − ``rival[budget]`` on the same FullKV-solved pairs: points (wins/losses), exact
+    McNemar p, the rival named in the cell."""
+    lines = [
+        "| module | " + " | ".join(f"C={b}" for b in BUDGETS) + " |",
+        "|---|" + "---:|" * len(BUDGETS),
+    ]
+    for module in modules:
+        cells = []
+        for budget in BUDGETS:
+            mine, theirs = outcome.get((module, budget), {}), outcome.get((rival.get(budget), budget), {})
+            keys = [k for k in mine if k in theirs]
+            if not keys:
+                cells.append("–")
+                continue
+            result = mcnemar_exact([mine[k] for k in keys], [theirs[k] for k in keys])
+            mark = "**" if result.significant else ""
+            cells.append(
+                f"{mark}{100 * result.diff:+.1f} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
+                f" vs {rival[budget]}"
+            )
+        lines.append(f"| {module} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def run_section(folder: Path) -> list[str]:
+    rows = [r for r in read(folder) if r["setting"] == "aware"]
+    if not rows:
+        return []
+    lengths = sorted({r["meta"]["length"] for r in rows})
+    title = f"## {folder.name}: prompts of {', '.join(str(n) for n in lengths)} tokens"
+    return [
+        title,
+        "",
+        "### Scores",
+        "",
+        *score_tables(rows),
+        "### FullKV-solved kept",
+        "",
+        *kept_tables(rows),
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    runs = [ROOT / "experiments/reach/ruler_4k", ROOT / "experiments/reach/ruler_8k"]
+    parser.add_argument("--runs", type=Path, nargs="+", default=runs)
+    parser.add_argument("--out", type=Path, default=ROOT / "experiments/reach/ruler.md")
+    args = parser.parse_args(argv)
+    sections = [line for folder in args.runs for line in run_section(folder)]
+    args.out.write_text("\n".join(["# Reach: the RULER table", "", *sections]))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
