@@ -24,8 +24,8 @@ from lkv.eval.tasks import Benchmark
 from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
-from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
+from lkv.eviction.selector import HeadBudget, check_budget
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter, resolve_probe
 

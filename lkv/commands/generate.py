@@ -8,8 +8,8 @@ from pathlib import Path
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor, load_lookahead
 from lkv.eviction.presses import ProbePress
-from lkv.eviction.presses.selector import HeadBudget, check_budget
 from lkv.eviction.registry import MethodName, make_method
+from lkv.eviction.selector import HeadBudget, check_budget
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
 from lkv.train.export import resolve_adapter, resolve_probe

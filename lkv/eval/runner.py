@@ -53,7 +53,7 @@ from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
 from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
 from lkv.eviction.presses import FullKVPress, Press, PressContext
-from lkv.eviction.presses.selector import HeadBudget
+from lkv.eviction.selector import HeadBudget
 from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
@@ -223,7 +223,7 @@ class Evaluator:
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
         head_budget: how each method's budget is spread over the KV heads of a layer: ``equal`` or ``adaptive``
-            (AdaKV, :mod:`lkv.eviction.presses.selector`).
+            (AdaKV, :mod:`lkv.eviction.selector`).
     """
 
     def __init__(

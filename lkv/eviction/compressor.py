@@ -21,7 +21,7 @@
     Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
 
 The flow of one prompt (docs/design.md §1): prefill (with the press's capture, if any) → ``press.score`` →
-:func:`~lkv.eviction.presses.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
+:func:`~lkv.eviction.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
 to the budget) → decode with position ids continuing from the uncompressed prompt length. With a decode-time
 policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while the answer is generated.
 """
@@ -42,16 +42,17 @@ from lkv.core.clock import clock
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
-from lkv.eviction.presses import LookaheadKVPress, Press, PressContext, check_pooling
-from lkv.eviction.presses.selector import (
+from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
+from lkv.eviction.registry import make_method
+from lkv.eviction.selector import (
     SAFEGUARD,
     HeadBudget,
     budget_tokens,
     check_budget,
     check_head_budget,
+    check_pooling,
     select_indices,
 )
-from lkv.eviction.registry import make_method
 from lkv.eviction.streamed import streamed_compress
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import exported_base_model
@@ -188,7 +189,7 @@ class Compressor:
         enable_thinking: the chat template's variable for text prompts, contexts and questions
             (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
         head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps
-            ``C · kv_heads`` entries, spread over its heads by score; :mod:`lkv.eviction.presses.selector`). A
+            ``C · kv_heads`` entries, spread over its heads by score; :mod:`lkv.eviction.selector`). A
             layer is then gathered to its widest head's count and the other heads' padding slots are masked
             (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
         safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``, 0.20).

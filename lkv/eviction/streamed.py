@@ -32,7 +32,7 @@ from lkv.core.attention import CAPTURE_KWARG
 from lkv.core.cache import CompressedCache, gather_layer, layer_bytes, token_bytes
 from lkv.core.generation import prefill
 from lkv.eviction.presses.base import LayerScorer, Press, StreamContext
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, check_head_budget, select_indices
+from lkv.eviction.selector import SAFEGUARD, HeadBudget, check_head_budget, select_indices
 
 
 @dataclass

@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 from lkv.core.attention import install_capture
 from lkv.core.cache import gather_layer
 from lkv.eviction.presses import LookaheadKVPress, Press
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, adaptive_width, check_head_budget
+from lkv.eviction.selector import SAFEGUARD, HeadBudget, adaptive_width, check_head_budget
 from lkv.eviction.streamed import LayerEvictor
 
 # the cache keyword kvpress's pipeline passes (transformers < 5.24), and the one newer transformers reads
@@ -55,14 +55,14 @@ class LkvPress(BasePress):
         compression_ratio: the fraction of the context's entries to drop, kvpress's convention: each KV head
             of each layer keeps ``C = max(1, int(S · (1 − ratio)))``; 0 compresses nothing.
         sink, recent, kernel, pooling: lkv's selector options on top of the press's own protected window
-            (:func:`~lkv.eviction.presses.selector.select_indices`).
+            (:func:`~lkv.eviction.selector.select_indices`).
         head_budget, safeguard: ``adaptive`` spreads each layer's ``C · kv_heads`` entries over its heads by
             score (AdaKV, as kvpress's ``AdaKVPress``); ``safeguard`` is the share of ``C`` each head keeps.
 
     Every layer must keep the same count: kvpress's pipeline appends the question as one block, which a cache
     with layers of different lengths cannot mask (so PyramidKV's schedule is refused here). Under ``adaptive``
     head budgets every layer is therefore gathered to one width known before any layer is scored, the most
-    one head can keep (:func:`~lkv.eviction.presses.selector.adaptive_width`: ``C · kv_heads`` less the other
+    one head can keep (:func:`~lkv.eviction.selector.adaptive_width`: ``C · kv_heads`` less the other
     heads' safeguard, at most ``S``); the shorter heads' slots are masked (:mod:`lkv.core.cache`).
     kvpress's own ``AdaKVPress`` keeps all ``S`` entries and masks the evicted ones.
     """

@@ -44,8 +44,8 @@ from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
 from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.kvzip import template_parts
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, select_indices
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import SAFEGUARD, HeadBudget, select_indices
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from lkv.cli import main as lkv_main
 from lkv.commands.generate import generate as generate_command
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor, append_tokens, encode_context, encode_question
-from lkv.eviction.presses import pool_scores
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import pool_scores
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
 
 

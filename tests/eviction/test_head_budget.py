@@ -12,7 +12,7 @@ from lkv.eval.batched_decode import AnswerBatches, answer_request
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.decoding import H2ODecode
 from lkv.eviction.presses import LookaheadKVPress
-from lkv.eviction.presses.selector import adaptive_width, safeguarded, select_indices
+from lkv.eviction.selector import adaptive_width, safeguarded, select_indices
 from tests.conftest import FAMILIES, build_tiny_model
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask

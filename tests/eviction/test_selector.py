@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lkv.eviction.presses.pyramidkv import pyramid_budgets
-from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.selector import budget_tokens, check_budget, select_indices
 from tests.reference import naive_select
 
 

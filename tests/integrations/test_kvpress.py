@@ -17,8 +17,8 @@ from lkv.core.compat import cache_kwargs  # noqa: E402
 from lkv.core.generation import Sampling  # noqa: E402
 from lkv.eviction.compressor import Compressor  # noqa: E402
 from lkv.eviction.presses import LookaheadKVPress  # noqa: E402
-from lkv.eviction.presses.selector import adaptive_width  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
+from lkv.eviction.selector import adaptive_width  # noqa: E402
 from lkv.eviction.streamed import streamed_compress  # noqa: E402
 from lkv.integrations.kvpress import LkvPress, lookahead_press  # noqa: E402
 from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402

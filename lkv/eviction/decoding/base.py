@@ -26,7 +26,7 @@ from lkv.core.attention import CAPTURE_KWARG
 from lkv.core.cache import gather_cache
 from lkv.eviction.decoding.capture import AttentionRows
 from lkv.eviction.presses.base import Press
-from lkv.eviction.presses.selector import select_indices
+from lkv.eviction.selector import select_indices
 
 
 @dataclass

@@ -19,9 +19,9 @@ from lkv.core.attention import ImportanceCapture
 from lkv.core.cache import CompressedCache, gather_cache
 from lkv.core.generation import crop_to, decode
 from lkv.core.importance import response_importance
-from lkv.eviction.presses.base import Press, PressContext, check_pooling, pool_scores
-from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.presses.base import Press, PressContext
 from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.eviction.selector import budget_tokens, check_budget, check_pooling, pool_scores, select_indices
 
 
 class PseudoQueryPress(Press):

@@ -12,9 +12,8 @@ from lkv.eviction.presses.base import (
     Press,
     PressContext,
     StreamContext,
-    check_pooling,
-    pool_scores,
 )
+from lkv.eviction.selector import check_pooling, pool_scores
 from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter
 
 # Max-pooling the predicted scores over 7 positions before top-C keeps a value's tokens together; on the
@@ -33,7 +32,7 @@ class LookaheadKVPress(Press):
     Args:
         adapter: the trained lookahead module.
         kernel, pooling: 1-D pooling of the predicted scores over the prompt (odd kernel, 1 = none, the paper's;
-            default max over 7, :data:`DEFAULT_KERNEL`; see :data:`~lkv.eviction.presses.base.POOLING_MODES`):
+            default max over 7, :data:`DEFAULT_KERNEL`; see :data:`~lkv.eviction.selector.POOLING_MODES`):
             a kept token keeps its neighbours' chance, so a value spelled over several tokens (a 7-digit number
             is 7 tokens in SmolLM2) is kept whole rather than in part.
     """

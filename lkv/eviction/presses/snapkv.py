@@ -10,9 +10,8 @@ from lkv.eviction.presses.base import (
     Press,
     PressContext,
     StreamContext,
-    check_pooling,
-    pool_scores,
 )
+from lkv.eviction.selector import check_pooling, pool_scores
 
 
 def snapkv_scores(
@@ -23,7 +22,7 @@ def snapkv_scores(
     Args:
         window_attention: ``(..., S)`` attention of the last ``window`` queries on the prompt (any scale).
         window: observation window size; its positions get ``+inf`` (always kept).
-        kernel, pooling: 1-D pooling over the prefix (paper: 7, max; :data:`~lkv.eviction.presses.base.POOLING_MODES`).
+        kernel, pooling: 1-D pooling over the prefix (paper: 7, max; :data:`~lkv.eviction.selector.POOLING_MODES`).
 
     Returns:
         ``(..., S)`` scores: pooled prefix attention, ``+inf`` on the window.
