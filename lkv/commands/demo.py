@@ -126,8 +126,9 @@ def cache_length_section(
     length), a plot in ``out/plots/`` and the report's markdown lines."""
     from lkv.eval.tasks.text import HeldoutEssays
     from lkv.eval.trace import cache_length_traces, plot_cache_lengths
-    from lkv.eviction.compressor import Compressor, load_lookahead
+    from lkv.eviction.compressor import Compressor
     from lkv.eviction.decoding import H2ODecode
+    from lkv.eviction.presses.lookaheadkv import load_lookahead
 
     path = out / TRACE_FILE
     traces = json.loads(path.read_text()) if path.is_file() else {}

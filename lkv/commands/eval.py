@@ -21,9 +21,8 @@ from lkv.eval.results import (
 )
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
-from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
-from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
 from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
 from lkv.eviction.selector import HeadBudget, check_budget
 from lkv.model.backbone import load_backbone

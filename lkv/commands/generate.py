@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from lkv.core.generation import Sampling
-from lkv.eviction.compressor import Compressor, load_lookahead
+from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
+from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.registry import MethodName, make_method
 from lkv.eviction.selector import HeadBudget, check_budget
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone

@@ -51,8 +51,9 @@ from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sampl
 from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
-from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
+from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
+from lkv.eviction.records import Generation, ScoredPrompt
 from lkv.eviction.selector import HeadBudget
 from lkv.model.backbone import model_signature
 

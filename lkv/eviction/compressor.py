@@ -30,19 +30,27 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.cache import cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question, render_chat
 from lkv.core.clock import clock
-from lkv.core.compat import cache_kwargs
-from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
+from lkv.core.generation import (
+    GREEDY,
+    CacheUpkeep,
+    Sampling,
+    StopStrings,
+    answer_text,
+    append_tokens,
+    decode,
+    eos_ids,
+    prefill,
+)
 from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
-from lkv.eviction.presses import LookaheadKVPress, Press, PressContext
+from lkv.eviction.presses import Press, PressContext
+from lkv.eviction.records import CompressedPrompt, Generation, ScoredPrompt, answer_record
 from lkv.eviction.registry import make_method
 from lkv.eviction.selector import (
     SAFEGUARD,
@@ -54,120 +62,8 @@ from lkv.eviction.selector import (
     select_indices,
 )
 from lkv.eviction.streamed import streamed_compress
-from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.lookahead import exported_base_model
 
 Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
-
-
-@dataclass
-class CompressedPrompt:
-    """A prompt's cache after eviction, ready to decode from (or to append a question to).
-
-    Attributes:
-        cache: the (compressed) cache; layer ``l`` holds ``(1, kv_heads, C_l, head_dim)``.
-        next_logits: ``(1, vocab)`` logits after the last prompt token.
-        prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``.
-        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending; ``-1``: a padding slot of an
-            ``adaptive`` head budget), or ``None`` when nothing was evicted.
-        scores: the press's ``(1, layers, kv_heads, S)`` scores, or ``None`` when nothing was evicted.
-        kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction (allocated:
-            padding slots of an ``adaptive`` head budget included).
-        prefill_s, eviction_s: seconds spent in the prefill and in scoring + selection + gathering.
-        budget: the requested tokens per KV head (``None``: not compressed to a budget).
-        layer_budgets: the method's tokens per KV head in each layer for that budget.
-    """
-
-    cache: DynamicCache
-    next_logits: torch.Tensor
-    prompt_len: int
-    kept: list[torch.Tensor] | None
-    scores: torch.Tensor | None
-    kv_bytes_full: int
-    kv_bytes_kept: int
-    prefill_s: float
-    eviction_s: float
-    budget: int | None = None
-    layer_budgets: list[int] | None = None
-
-    @property
-    def kept_per_layer(self) -> list[float]:
-        """Cached prompt entries per KV head in each layer (the mean over heads; padding slots not counted)."""
-        if self.kept is None:
-            return [self.prompt_len] * len(self.cache.layers)
-        return [int((index >= 0).sum()) / index.shape[1] for index in self.kept]
-
-
-@dataclass
-class ScoredPrompt:
-    """A prefilled prompt and its press's scores, before eviction (one prefill serves many budgets).
-
-    Attributes:
-        ids: ``(1, S)`` prompt tokens.
-        cache: the full prompt cache, ``S`` entries per layer.
-        next_logits: ``(1, vocab)`` logits after the last prompt token.
-        scores: ``(1, layers, kv_heads, S)``, or ``None`` when scoring was skipped (nothing to evict).
-        kv_bytes_full: bytes of the full cache's key/value tensors.
-        prefill_s, score_s: seconds of the prefill and of ``press.score``.
-    """
-
-    ids: torch.Tensor
-    cache: DynamicCache
-    next_logits: torch.Tensor
-    scores: torch.Tensor | None
-    kv_bytes_full: int
-    prefill_s: float
-    score_s: float
-
-    @property
-    def prompt_len(self) -> int:
-        return self.ids.shape[1]
-
-
-@dataclass
-class Generation:
-    """One generated answer and what producing it cost.
-
-    Attributes:
-        text: decoded answer (special tokens skipped, cut before the first stop string).
-        token_ids: generated tokens (an ending EOS included).
-        finish_reason: ``eos``, ``stop`` (a stop string) or ``length`` (``max_new_tokens`` reached).
-        prompt_tokens: tokens the model read before answering (context + question in the agnostic setting).
-        kept_per_layer: cached prompt entries per KV head in each layer after eviction (mean over the heads).
-        kv_bytes_full, kv_bytes_kept: prompt K/V bytes before and after eviction.
-        prefill_s, eviction_s, question_s, decode_s: seconds per phase (``question_s``: appending the
-            question to a compressed context, 0 when question-aware).
-        cache_lengths: the most entries per KV head any layer held before decoding, then after each generated
-            token's forward pass (and the decode-time policy's eviction, if any).
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    kept_per_layer: list[float]
-    kv_bytes_full: int
-    kv_bytes_kept: int
-    prefill_s: float
-    eviction_s: float
-    question_s: float = 0.0
-    decode_s: float = 0.0
-    cache_lengths: list[int] = field(default_factory=list)
-
-    @property
-    def ttft_s(self) -> float:
-        """Time to first token: prefill + eviction (+ appending the question)."""
-        return self.prefill_s + self.eviction_s + self.question_s
-
-    def summary(self) -> str:
-        """One line of the numbers above."""
-        kept = sum(self.kept_per_layer) / len(self.kept_per_layer)
-        return (
-            f"kept {kept:.0f} tokens per head on average (KV {self.kv_bytes_kept / 2**20:.2f} of "
-            f"{self.kv_bytes_full / 2**20:.2f} MiB); prefill {self.prefill_s:.2f} s, eviction "
-            f"{self.eviction_s:.2f} s, question {self.question_s:.2f} s, decode {self.decode_s:.2f} s for "
-            f"{len(self.token_ids)} tokens ({self.finish_reason})"
-        )
 
 
 class Compressor:
@@ -236,7 +132,7 @@ class Compressor:
         self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
         self.streamed = streamed
         self.enable_thinking = enable_thinking
-        self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)
+        self.eos_token_ids = eos_ids(model, tokenizer)
 
     @property
     def device(self) -> torch.device:
@@ -528,101 +424,4 @@ class Compressor:
         )
         decode_s = clock(self.device) - start
         text, reason = answer_text(self.tokenizer, tokens, self.eos_token_ids, stopper)
-        return Generation(
-            text=text,
-            token_ids=tokens,
-            finish_reason=reason,
-            prompt_tokens=position,
-            kept_per_layer=compressed.kept_per_layer,
-            kv_bytes_full=compressed.kv_bytes_full,
-            kv_bytes_kept=compressed.kv_bytes_kept,
-            prefill_s=compressed.prefill_s,
-            eviction_s=compressed.eviction_s,
-            question_s=question_s,
-            decode_s=decode_s,
-            cache_lengths=list(upkeep.trace),
-        )
-
-
-def answer_text(
-    tokenizer: PreTrainedTokenizerBase | None,
-    tokens: list[int],
-    eos_token_ids: Sequence[int],
-    stopper: StopStrings | None = None,
-) -> tuple[str, str]:
-    """``(text, finish_reason)`` of generated ``tokens``: special tokens skipped, the text cut before the first
-    stop string; the reason is ``eos``, ``stop`` (a stop string) or ``length``."""
-    text = "" if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
-    if tokens[-1] in eos_token_ids:
-        return text, "eos"
-    if stopper is not None and stopper(tokens):
-        return stopper.truncate(text), "stop"
-    return text, "length"
-
-
-@torch.no_grad()
-def append_tokens(
-    model: PreTrainedModel,
-    cache: DynamicCache,
-    ids: torch.Tensor,
-    position: int,
-    upkeep: CacheUpkeep | None = None,
-) -> torch.Tensor:
-    """Run ``ids (1, n)`` on top of ``cache`` at positions ``position..position+n-1``; next-token logits ``(1, vocab)``.
-
-    transformers sizes the causal mask from the cache (query offset = cached entries), so a block appended
-    to a uniformly compressed cache gets the right mask whatever its positions. Layers of different lengths
-    (PyramidKV) need a mask per layer, so such a cache takes the block one token at a time.
-
-    A decode-time policy's ``upkeep`` observes every forward pass (nothing is evicted here: call its
-    ``enforce`` afterwards).
-    """
-    ragged = isinstance(cache, CompressedCache) and cache.is_ragged
-    steps = [ids[:, i : i + 1] for i in range(ids.shape[1])] if ragged else [ids]
-    offset = position
-    for block in steps:
-        positions = torch.arange(offset, offset + block.shape[1], device=ids.device)[None]
-        extra = {} if upkeep is None else upkeep.forward_kwargs(generating=False)
-        out = model(
-            input_ids=block,
-            position_ids=positions,
-            **cache_kwargs(cache),
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
-        if upkeep is not None:
-            upkeep.observe()
-        offset += block.shape[1]
-    return out.logits[:, -1].float()
-
-
-def _model_eos(model: PreTrainedModel) -> list[int]:
-    found = model.generation_config.eos_token_id if model.generation_config is not None else None
-    return [] if found is None else sorted(set(found if isinstance(found, list) else [found]))
-
-
-def load_lookahead(
-    adapter: str | Path,
-    model: str | None = None,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    device: str | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LookaheadKVPress]:
-    """``(base model, tokenizer, press)`` for a trained lookahead module in an ``lkv export`` folder.
-
-    Args:
-        adapter: an ``lkv export`` folder (:func:`lkv.train.export.resolve_adapter` turns an ``lkv fit``
-            checkpoint into one).
-        model: the base model; default: the one the folder was exported from, else ``smollm2-135m``.
-    """
-    path = Path(adapter)
-    if not path.is_dir():
-        raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
-    net, tokenizer = load_backbone(
-        model or exported_base_model(path) or DEFAULT_MODEL,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        device=device,
-    )
-    return net, tokenizer, LookaheadKVPress.from_folder(path, net)
+        return answer_record(compressed, text, tokens, reason, position, question_s, decode_s, upkeep.trace)

@@ -507,7 +507,7 @@ def test_named_modules_may_join_a_folder_but_keep_their_module(tmp_path):
 
 def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpus, tmp_path, monkeypatch):
     """`--adapters`: every module's rows equal an eval of that module alone, from one prefill per sample."""
-    import lkv.eviction.compressor
+    import lkv.eviction.presses.lookaheadkv
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
     from tests.model.test_lookahead import perturb_lora
@@ -519,7 +519,9 @@ def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpu
         perturb_lora(adapter, seed=seed)
         adapter.save(tmp_path / f"adapter{seed}")
         folders[seed] = str(tmp_path / f"adapter{seed}")
-    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    monkeypatch.setattr(
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
+    )
     prefills = []
     monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
@@ -566,7 +568,7 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch
 ):
     """`press_args` reach `lookaheadkv` and named modules (kernel, pooling only); the run's settings stay its own."""
-    import lkv.eviction.compressor
+    import lkv.eviction.presses.lookaheadkv
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
     from tests.model.test_lookahead import perturb_lora
@@ -575,7 +577,9 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     adapter = LookaheadAdapter.create(model, num_tokens=3)
     perturb_lora(adapter)
     adapter.save(tmp_path / "adapter")
-    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    monkeypatch.setattr(
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
+    )
     args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
     folder = str(tmp_path / "adapter")
     lkv.commands.eval.evaluate(
