@@ -129,6 +129,7 @@ def cache_length_section(
     from lkv.eviction.compressor import Compressor
     from lkv.eviction.decoding import H2ODecode
     from lkv.eviction.presses.lookaheadkv import load_lookahead
+    from lkv.eviction.registry import REFERENCE
 
     path = out / TRACE_FILE
     traces = json.loads(path.read_text()) if path.is_file() else {}
@@ -137,7 +138,7 @@ def cache_length_section(
         essay = " ".join(s.text for s in HeldoutEssays(tokenizer).take(1000, start=0))
         request = f"{essay}\n\nRetell the text above in detail, paragraph by paragraph."
         compressors = {
-            "fullkv": Compressor(model, tokenizer, "fullkv"),
+            REFERENCE: Compressor(model, tokenizer, REFERENCE),
             "lookaheadkv": Compressor(model, tokenizer, lookahead, budget),
             "lookaheadkv+h2o": Compressor(
                 model, tokenizer, lookahead, budget, decode_policy=H2ODecode(every=16)

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from lkv.core.budget import Budget
 from lkv.core.cache import cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question, render_chat
 from lkv.core.clock import clock
@@ -52,15 +53,7 @@ from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeT
 from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.records import CompressedPrompt, Generation, ScoredPrompt, answer_record
 from lkv.eviction.registry import make_method
-from lkv.eviction.selector import (
-    SAFEGUARD,
-    HeadBudget,
-    budget_tokens,
-    check_budget,
-    check_head_budget,
-    check_pooling,
-    select_indices,
-)
+from lkv.eviction.selector import DEFAULT_SELECTION, Selection, select_indices
 from lkv.eviction.streamed import streamed_compress
 
 Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
@@ -73,9 +66,14 @@ class Compressor:
         model: a causal LM prepared with :func:`lkv.core.attention.install_capture` (as ``load_backbone`` returns).
         tokenizer: needed for text prompts and decoded answers; ``None`` works with token ids.
         press: an eviction method, or its name in :data:`lkv.eviction.registry.METHODS`.
-        budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``).
-        sink, recent: leading / trailing prompt tokens always kept, on top of the method's own.
-        kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``POOLING_MODES``).
+        budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``), or
+            a checked :class:`~lkv.core.budget.Budget`.
+        selection: the selector's settings (:class:`~lkv.eviction.selector.Selection`): leading / trailing
+            prompt tokens always kept on top of the method's own, optional 1-D pooling of the scores, and how a
+            layer's budget is spread over its KV heads: ``equal`` (every head keeps ``C``, the paper's) or
+            ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads`` entries, spread over its heads by score). A
+            layer is then gathered to its widest head's count and the other heads' padding slots are masked
+            (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
         decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
         streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
@@ -84,11 +82,6 @@ class Compressor:
             :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
         enable_thinking: the chat template's variable for text prompts, contexts and questions
             (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
-        head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps
-            ``C · kv_heads`` entries, spread over its heads by score; :mod:`lkv.eviction.selector`). A
-            layer is then gathered to its widest head's count and the other heads' padding slots are masked
-            (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
-        safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``, 0.20).
     """
 
     def __init__(
@@ -96,16 +89,11 @@ class Compressor:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None = None,
         press: Press | str = "snapkv",
-        budget: int | float = 128,
-        sink: int = 0,
-        recent: int = 0,
-        kernel: int = 1,
-        pooling: str = "max",
+        budget: Budget | int | float = 128,
+        selection: Selection = DEFAULT_SELECTION,
         decode_policy: DecodePolicy | None = None,
         streamed: bool = False,
         enable_thinking: bool = False,
-        head_budget: HeadBudget = "equal",
-        safeguard: float = SAFEGUARD,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -118,18 +106,13 @@ class Compressor:
                 )
             decode_policy = self.press.decode_policy
         self.decode_policy = decode_policy
-        check_head_budget(head_budget, safeguard)
-        if head_budget != "equal" and decode_policy is not None:
+        if selection.head_budget != "equal" and decode_policy is not None:
             raise ValueError(
-                f"head_budget={head_budget!r} cannot go with the decode-time policy {decode_policy.name}, which "
-                "keeps the same number of entries in every head while it decodes"
+                f"head_budget={selection.head_budget!r} cannot go with the decode-time policy "
+                f"{decode_policy.name}, which keeps the same number of entries in every head while it decodes"
             )
-        self.head_budget, self.safeguard = head_budget, safeguard
-        self.budget = check_budget(budget)
-        if sink < 0 or recent < 0:
-            raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
-        check_pooling(kernel, pooling)
-        self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
+        self.selection = selection
+        self.budget = Budget.of(budget)
         self.streamed = streamed
         self.enable_thinking = enable_thinking
         self.eos_token_ids = eos_ids(model, tokenizer)
@@ -164,9 +147,9 @@ class Compressor:
             raise ValueError("the prompt is empty: there is nothing to prefill or compress")
         return ids
 
-    def layer_budgets(self, budget: int | float, prompt_len: int) -> list[int]:
+    def layer_budgets(self, budget: Budget | int | float, prompt_len: int) -> list[int]:
         """Entries per KV head each layer keeps for ``budget`` (the press may spread it over layers)."""
-        tokens = budget_tokens(budget, prompt_len)
+        tokens = Budget.of(budget).tokens(prompt_len)
         return self.press.layer_budgets(tokens, prompt_len, self.model.config.num_hidden_layers)
 
     def score(self, prompt: Prompt) -> ScoredPrompt:
@@ -197,25 +180,25 @@ class Compressor:
         )
 
     def evict(
-        self, scored: ScoredPrompt, budget: int | float | None = None, in_place: bool = False
+        self, scored: ScoredPrompt, budget: Budget | int | float | None = None, in_place: bool = False
     ) -> CompressedPrompt:
         """Keep the top-``C`` entries per (layer, KV head) of a scored prompt.
 
         Args:
-            budget: tokens per KV head or a ratio; default: the Compressor's budget.
+            budget: tokens per KV head or a ratio (:class:`~lkv.core.budget.Budget`); default: the
+                Compressor's budget.
             in_place: shrink ``scored.cache`` itself (then ``scored`` serves no other budget). Otherwise
                 ``scored.cache`` stays whole and the kept entries are gathered into a new cache: a full copy
                 is made only when nothing is evicted (the answer then grows a cache of its own).
         """
-        budget = self.budget if budget is None else check_budget(budget)
-        tokens = budget_tokens(budget, scored.prompt_len)
+        budget = self.budget if budget is None else Budget.of(budget)
         budgets = self.layer_budgets(budget, scored.prompt_len)
         start = clock(self.device)
         kept = None
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            kept = self.select(scored.scores, budget)
+            kept = self.select(scored.scores, budget, budgets)
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
@@ -230,32 +213,33 @@ class Compressor:
             kv_bytes_kept=cache_bytes(cache),
             prefill_s=scored.prefill_s,
             eviction_s=scored.score_s + evicted - start,
-            budget=tokens,
             layer_budgets=budgets,
+            budget=budget,
         )
 
-    def select(self, scores: torch.Tensor, budget: int | float) -> list[torch.Tensor]:
+    def select(
+        self, scores: torch.Tensor, budget: Budget | int | float, layer_budgets: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """The positions an eviction to ``budget`` keeps: per layer ``(1, kv_heads, C_l)``, ascending (under
         ``head_budget="adaptive"`` a shorter head's row ends in ``-1`` padding: :func:`select_indices`).
 
         Args:
             scores: the press's ``(1, layers, kv_heads, S)`` scores of a prompt of ``S`` tokens.
+            layer_budgets: ``C_l`` per layer when already derived (default: :meth:`layer_budgets`).
         """
-        prompt_len = scores.shape[-1]
-        sink, recent = self._protected(prompt_len, budget_tokens(budget, prompt_len))
-        budgets = self.layer_budgets(budget, prompt_len)
-        return select_indices(
-            scores, budgets, sink, recent, self.kernel, self.pooling, self.head_budget, self.safeguard
-        )
+        prompt_len, budget = scores.shape[-1], Budget.of(budget)
+        if layer_budgets is None:
+            layer_budgets = self.layer_budgets(budget, prompt_len)
+        return select_indices(scores, layer_budgets, self._selection(prompt_len, budget))
 
-    def _protected(self, prompt_len: int, tokens: int) -> tuple[int, int]:
-        """``(sink, recent)`` the selector always keeps: the method's own, the policy's, the user's."""
-        sink, recent = self.press.protected(prompt_len)
+    def _selection(self, prompt_len: int, budget: Budget) -> Selection:
+        """The selector's settings with every window it must keep: the method's own, the policy's, the user's."""
+        selection = self.selection.protecting(*self.press.protected(prompt_len))
         if isinstance(self.press, DecodeTimePress):
             # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
-            policy_sink, policy_recent = self.press.decode_policy.prompt_window(tokens)
-            sink, recent = max(sink, policy_sink), max(recent, policy_recent)
-        return max(sink, self.sink), max(recent, self.recent)
+            policy = self.press.decode_policy
+            selection = selection.protecting(*policy.prompt_window(budget.tokens(prompt_len)))
+        return selection
 
     def compress(self, prompt: Prompt) -> CompressedPrompt:
         """Prefill ``prompt`` and evict down to the budget (nothing is evicted when it fits; nothing is scored
@@ -269,21 +253,14 @@ class Compressor:
         return self.evict(self._score(ids, with_scores=with_scores), in_place=True)
 
     def _compress_streamed(self, ids: torch.Tensor, budgets: list[int]) -> CompressedPrompt:
-        tokens = budget_tokens(self.budget, ids.shape[1])
-        sink, recent = self._protected(ids.shape[1], tokens)
         out = streamed_compress(
             self.model,
             self.press,
             ids,
             budgets,
-            sink,
-            recent,
-            self.kernel,
-            self.pooling,
+            self._selection(ids.shape[1], self.budget),
             keep_scores=self.decode_policy is not None,  # a decode-time policy may seed from them
             clock=lambda: clock(self.device),
-            head_budget=self.head_budget,
-            safeguard=self.safeguard,
         )
         return CompressedPrompt(
             cache=out.cache,
@@ -295,8 +272,8 @@ class Compressor:
             kv_bytes_kept=cache_bytes(out.cache),
             prefill_s=out.prefill_s,
             eviction_s=out.eviction_s,
-            budget=tokens,
             layer_budgets=budgets,
+            budget=self.budget,
         )
 
     def compress_context(self, context: str | Sequence[int] | torch.Tensor) -> CompressedPrompt:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+from lkv.core.budget import Budget
+
 
 @dataclass
 class CompressedPrompt:
@@ -30,7 +32,7 @@ class CompressedPrompt:
         prefill_s, eviction_s: seconds spent in the prefill and in scoring + selection + gathering.
         layer_budgets: the method's tokens per KV head in each layer for that budget (``≥ S``: the layer is
             whole).
-        budget: the requested tokens per KV head (``None``: not compressed to a budget).
+        budget: the budget requested (``None``: not compressed to a budget).
     """
 
     cache: DynamicCache
@@ -43,7 +45,7 @@ class CompressedPrompt:
     prefill_s: float
     eviction_s: float
     layer_budgets: list[int]
-    budget: int | None = None
+    budget: Budget | None = None
 
     @property
     def kept_per_layer(self) -> list[float]:

@@ -11,14 +11,16 @@ import torch
 import lkv.commands.eval
 import lkv.eval.runner
 from lkv.core.generation import Sampling, eos_ids, prefill
+from lkv.core.importance import response_importance
 from lkv.core.metrics import kendall_tau_b, topk_recall
 from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
-from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
+from lkv.eval.runner import Evaluator, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, ProbePress
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import Selection
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
@@ -159,7 +161,10 @@ def test_oracle_is_the_registry_oracle_in_the_aware_setting(tiny_llama):
     full = Compressor(model, tokenizer, FullKVPress())
     answer = full.decode(full.compress(ids), Sampling(5)).token_ids
     shared = shared_prefill(model, ids, {})
-    ours = answer_importance(model, shared.cache, 30, [], answer)
+    # the runner's Oracle scores: the answer's queries only (here every query: nothing is appended)
+    ours = response_importance(model, shared.cache, 30, torch.tensor([answer]), last_queries=len(answer))[
+        None
+    ]
     registry = Compressor(model, tokenizer, OraclePress(response_tokens=5)).score(ids).scores
     torch.testing.assert_close(ours, registry)
     assert shared.cache.get_seq_length() == 30  # cropped back
@@ -317,13 +322,17 @@ def test_adaptive_head_budget_rows_match_the_compressor(tiny_llama, tiny_corpus,
             out,
             False,
             streamed,
-            head_budget="adaptive",
+            selection=Selection(head_budget="adaptive"),
         ).run([task])
         (sample,) = task.samples(tokenizer)
         context, question = encode_sample(sample, tokenizer)
         for row in rows:
             compressor = Compressor(
-                model, tokenizer, presses[row["method"]], budget=12, head_budget="adaptive"
+                model,
+                tokenizer,
+                presses[row["method"]],
+                budget=12,
+                selection=Selection(head_budget="adaptive"),
             )
             if row["setting"] == "aware":
                 expected = compressor.decode(compressor.compress(context + question), Sampling(4))

@@ -33,9 +33,6 @@ def ids_of(model, length: int, seed: int = 0) -> torch.Tensor:
         ({"budget": 12.5}, "neither a ratio"),
         ({"budget": 1.5}, "neither a ratio"),
         ({"budget": -0.2}, "positive"),
-        ({"kernel": 4}, "odd"),
-        ({"pooling": "median"}, "pooling"),
-        ({"sink": -1}, "sink"),
     ],
 )
 def test_invalid_settings_fail_at_construction(tiny_llama, kwargs, match):
