@@ -10,10 +10,20 @@ import torch
 
 import lkv.commands.eval
 import lkv.eval.runner
+from lkv.core.budget import Budget
 from lkv.core.generation import Sampling, eos_ids, prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import kendall_tau_b, topk_recall
-from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
+from lkv.eval.results import (
+    FULL,
+    NO_BUDGET,
+    ResultsFile,
+    budget_key,
+    budget_order,
+    check_run,
+    copy_adapter_free,
+    parse_budget_key,
+)
 from lkv.eval.runner import Evaluator, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
@@ -620,3 +630,15 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             output=str(tmp_path / "x"),
             **args,
         )
+
+
+def test_the_budget_column_formats_and_parses_back():
+    for value in (64, 128, 0.25, 1.0, 0.001):
+        budget = Budget(value)
+        assert parse_budget_key(budget_key(budget)) == budget
+    assert budget_key(Budget(128.0)) == "128" and budget_key(None) == FULL
+    assert parse_budget_key(FULL) == FULL and parse_budget_key(NO_BUDGET) == NO_BUDGET
+    keys = ["-", "full", "128", "0.25", "64", "1.0"]
+    assert sorted(keys, key=budget_order) == ["0.25", "1.0", "64", "128", "full", "-"]
+    with pytest.raises(ValueError, match="≥ 1 token per head"):
+        parse_budget_key("0")
