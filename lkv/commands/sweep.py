@@ -70,12 +70,11 @@ from lkv.commands.sweep_launch import (
     read_job_record,
     submit_points,
 )
-from lkv.eval.cells import NO_BUDGET
 from lkv.eval.report import summarize
-from lkv.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile, copy_adapter_free
+from lkv.eval.results import NO_BUDGET, RESULTS_FILE, RUN_FILE, ResultsFile, copy_adapter_free
 from lkv.eval.stats import bootstrap_interval
 from lkv.eval.tensorboard import rewrite_session
-from lkv.eviction.compressor import load_lookahead
+from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.train.cli import resolved_fit_config
 from lkv.train.export import resolve_adapter
 from lkv.train.grid import grid_points, point_name, write_summary

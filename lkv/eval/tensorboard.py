@@ -36,7 +36,7 @@ from tensorboard.util.tensor_util import make_tensor_proto
 from torch.utils.tensorboard.summary import custom_scalars, hparams, image
 from torch.utils.tensorboard.writer import FileWriter
 
-from lkv.eval.cells import FULL, NO_BUDGET
+from lkv.eval.results import FULL, NO_BUDGET, budget_order, parse_budget_key
 
 # Keys of a summary cell that are not metrics.
 CELL_KEYS = ("task", "setting", "method", "budget", "n", "ci_low", "ci_high")
@@ -72,10 +72,10 @@ def figure_summary(tag: str, fig: Figure, description: str) -> Summary:
     return summary
 
 
-def _budget_axis(budget: str) -> tuple[str, int]:
-    """Tag suffix and step of a budget: whole tokens as they are, ratios (< 1) in thousandths of the prompt."""
-    value = float(budget)
-    return ("", int(value)) if value >= 1 else ("_ratio", round(1000 * value))
+def _budget_axis(key: str) -> tuple[str, int]:
+    """Tag suffix and step of a row's budget column: tokens as they are, ratios in thousandths of the prompt."""
+    budget = parse_budget_key(key)
+    return ("_ratio", round(1000 * budget.value)) if budget.is_ratio else ("", budget.value)
 
 
 def _metrics(cell: Mapping[str, Any]) -> list[str]:
@@ -109,7 +109,7 @@ def eval_points(summary: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[st
                     )
             continue
         shown = budgets.get((task, setting), set()) if cell["budget"] == FULL else {cell["budget"]}
-        for budget in sorted(shown, key=float):
+        for budget in sorted(shown, key=budget_order):
             suffix, step = _budget_axis(budget)
             note = TOKENS_NOTE if not suffix else RATIO_NOTE
             for name in _metrics(cell):

@@ -33,6 +33,7 @@ from transformers.optimization import (
 )
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
+from lkv.core.budget import token_budgets
 from lkv.core.generation import prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import importance_kl, ranking_metrics
@@ -81,16 +82,12 @@ class ImportanceModule(L.LightningModule):
 
     def __init__(self, eval_budgets: Sequence[int]) -> None:
         super().__init__()
-        if not eval_budgets or min(eval_budgets) <= 0:
-            raise ValueError(
-                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
-            )
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False
         self.share_prefill = False
         self.tokenizer = None
         self.signature: ModelSignature | None = None
-        budgets = list(eval_budgets)
+        budgets = list(token_budgets(eval_budgets, "model.eval_budgets"))
         self.val_metrics = ranking_metrics(budgets, "val/")
         self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
         self.test_metrics = ranking_metrics(budgets, "test/")

@@ -21,6 +21,7 @@ from matplotlib.colors import LogNorm
 # pyplot-free figures: no GUI backend is selected and nothing global is left open.
 from matplotlib.figure import Figure
 
+from lkv.core.budget import Budget, token_budgets
 from lkv.eval.tensorboard import figure_summary
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
@@ -145,7 +146,7 @@ class NeedleEval(L.Callback):
 
         if every_n_steps <= 0:
             raise ValueError(f"NeedleEval: every_n_steps must be positive, got {every_n_steps}")
-        self.budgets = list(budgets)
+        self.budgets = list(token_budgets(budgets, "NeedleEval.budgets"))
         self.every_n_steps = every_n_steps
         self.task = NeedleTask(
             lengths=tuple(lengths),
@@ -162,7 +163,8 @@ class NeedleEval(L.Callback):
         self._next_step = trainer.global_step + self.every_n_steps
         if not trainer.is_global_zero:
             return
-        from lkv.eval.runner import Evaluator, budget_key
+        from lkv.eval.results import budget_key
+        from lkv.eval.runner import Evaluator
         from lkv.eviction.presses import FullKVPress, LookaheadKVPress
 
         press = LookaheadKVPress(pl_module.adapter)
@@ -178,7 +180,7 @@ class NeedleEval(L.Callback):
         )
         rows = evaluator.run([self.task])
         for method, budget in [("fullkv", None), *(("lookaheadkv", b) for b in self.budgets)]:
-            key = budget_key(method, budget)
+            key = budget_key(None if budget is None else Budget(budget))
             scores = [r["score"] for r in rows if r["method"] == method and r["budget"] == key]
             name = "val/needle_fullkv" if budget is None else f"val/needle@{budget}"
             pl_module.log(name, sum(scores) / len(scores), rank_zero_only=True)
@@ -211,10 +213,8 @@ class NeedleReach(L.Callback):
 
         if not isinstance(needles, NeedleFamilyTask):
             raise TypeError(f"NeedleReach.needles: expected a NeedleFamilyTask, got {type(needles).__name__}")
-        if not budgets or min(budgets) <= 0:
-            raise ValueError(f"NeedleReach.budgets: expected positive token counts, got {list(budgets)}")
         self.task = NeedleTokenTask(needles)
-        self.budgets = list(budgets)
+        self.budgets = list(token_budgets(budgets, "NeedleReach.budgets"))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:

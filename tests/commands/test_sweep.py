@@ -17,9 +17,8 @@ import lkv.commands.sweep
 from lkv.cli import main as lkv_main
 from lkv.commands.sweep import eval_scores, fit_values, point_config, set_key
 from lkv.commands.sweep_launch import check_points_fit, parse_launcher
-from lkv.eval.cells import NO_BUDGET
 from lkv.eval.report import write_report
-from lkv.eval.results import ResultsFile
+from lkv.eval.results import NO_BUDGET, ResultsFile
 from lkv.eval.stats import bootstrap_interval
 from lkv.train.cli import resolved_fit_config
 from lkv.train.grid import grid_points, point_name
