@@ -101,3 +101,16 @@ def test_a_top_level_module_the_layers_do_not_name_breaks_them(tree, new):
     assert any("stages:" in row for row in broken), result.stdout
     assert "- lkv.newstage" in result.stdout and "not listed as layers" in result.stdout, result.stdout
 
+
+def test_the_inference_commands_load_no_lightning(tmp_path):
+    """`lkv eval` and `lkv generate` import the checkpoint export (for a ``.ckpt``) but, given an adapter
+    folder, never load Lightning: the LightningModules are imported only when a checkpoint is exported."""
+    check = (
+        "import sys; import lkv.cli, lkv.commands.eval, lkv.commands.generate; "
+        "from lkv.train.export import resolve_adapter, resolve_probe; "
+        f"resolve_adapter({str(tmp_path)!r}); resolve_probe({str(tmp_path)!r}); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'pytorch_lightning'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
