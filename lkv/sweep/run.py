@@ -66,10 +66,35 @@ def run_sweep(
     summarize: bool = False,
     allow_partial: bool = False,
 ) -> str:
-    """Run (or submit, or summarise) a grid of `lkv fit` (+ timing, + `lkv eval`) points; skip finished ones.
+    """Run a grid of `lkv fit` (+ timing, + `lkv eval`) points; skip finished ones; write a summary.
 
-    The arguments are those of `lkv sweep` (:func:`lkv.commands.sweep.sweep`, which documents each). Returns
-    the line the command prints.
+    The points run here one after another, or as a submitit job array (``launcher``). Returns the line
+    `lkv sweep` prints.
+
+    Args:
+        base: the `lkv fit` config every point starts from (e.g. ``configs/smollm2_135m.yaml``).
+        grid: dotted key → values, e.g. ``{model.num_lookahead: [4, 16], model.lora_targets: [none,
+            all-linear]}``; ``eval.<arg>`` keys are `lkv eval` arguments (e.g. ``eval.budgets``).
+        output: sweep folder (its layout: the module docstring); rerunning resumes it.
+        overrides: dotted key → value applied to every point before its grid values (a reduced recipe,
+            e.g. ``{trainer.max_steps: 64}``).
+        eval_config: an `lkv eval` config run on every point's checkpoint (its ``lookaheadkv`` rows are
+            kept); none: no eval.
+        score: the metric of the ``group × size`` table and of the score plot (a logged ``val/...`` metric
+            or an ``eval/...`` one).
+        size_key, group_key: the grid keys of the plots' x axis and lines.
+        overhead_tokens: prompt length of the lookahead-step vs prefill timing (0: no timing).
+        overhead_repeats: timed repetitions (medians are reported).
+        device: device of the timing and the eval (default: CPU); the fits use the config's trainer.
+        summary_dir: where the summary, plots and per-point results go (default: ``output``), e.g. an
+            ``experiments/`` folder that should not hold checkpoints.
+        launcher: job resources of one point (:class:`lkv.sweep.launch.Launcher`: executor,
+            nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem_gb, timeout_min, partition,
+            array_parallelism, slurm_args, setup, name, folder, wait): submit the unfinished points as a
+            submitit job array and return; none (``--launcher null``): run them here, one after another.
+        summarize: fit nothing; summarise the points' ``result.json`` files (after the jobs have ended).
+        allow_partial: with ``summarize``, summarise the finished points even if some have no result
+            (they are still listed); without it, missing points are an error.
 
     Raises:
         FileNotFoundError: the base or eval config is missing, or (``summarize``) points have no result.
