@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -22,8 +22,9 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from lkv.core.budget import Budget, token_budgets
-from lkv.eval.tensorboard import figure_summary
+from lkv.core.tensorboard import figure_summary
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+from lkv.model.lookahead import LookaheadAdapter
 
 # Colour floor of the heat maps: importance below 1e-5 (of a row summing to 1) shows as the lowest colour.
 _FLOOR = 1e-5
@@ -192,11 +193,21 @@ class NeedleEval(L.Callback):
         self._next_step = state_dict["next_step"]
 
 
+@runtime_checkable
+class SiblingModules(Protocol):
+    """A callback that trains more lookahead modules in the same fit (:class:`lkv.sweep.ablation.LookaheadAblation`):
+    :class:`NeedleReach` evaluates each of them beside the module being trained."""
+
+    def siblings(self) -> dict[str, tuple[LookaheadAdapter, str]]:
+        """Sibling name (its method name in result rows) → (its module, the prefix of its logged metrics)."""
+        ...
+
+
 class NeedleReach(L.Callback):
     """Needle-token retention of the module being trained (and of its ablation siblings) at every validation.
 
     Runs :class:`lkv.eval.tasks.NeedleTokenTask` on ``needles`` — prefill only, no answer decoded but the
-    Oracle's — with the live adapter as ``lookaheadkv``, each sibling of a :class:`lkv.train.ablation.LookaheadAblation`
+    Oracle's — with the live adapter as ``lookaheadkv``, each sibling of a :class:`SiblingModules` callback
     in the same fit under its point name, and the Oracle. Logged (global rank 0), per budget ``C``:
     ``val/needle_kept@C`` (the share of the value's tokens kept, mean over samples and (layer, KV head)),
     ``ablation/<point>/val/needle_kept@C`` for siblings and ``val/oracle_needle_kept@C``. Rows go to
@@ -221,16 +232,14 @@ class NeedleReach(L.Callback):
             return
         from lkv.eval.runner import Evaluator
         from lkv.eviction.presses import LookaheadKVPress, OraclePress
-        from lkv.train.ablation import PREFIX, LookaheadAblation
 
         presses = {"lookaheadkv": LookaheadKVPress(pl_module.adapter), "oracle": OraclePress()}
         names = {"lookaheadkv": "val", "oracle": "val/oracle"}
         for callback in trainer.callbacks:
-            if isinstance(callback, LookaheadAblation):
-                for point in callback.points or []:
-                    if point.adapter is not None:
-                        presses[point.name] = LookaheadKVPress(point.adapter)
-                        names[point.name] = f"{PREFIX}/{point.name}/val"
+            if isinstance(callback, SiblingModules):
+                for name, (adapter, prefix) in callback.siblings().items():
+                    presses[name] = LookaheadKVPress(adapter)
+                    names[name] = prefix
         output = Path(trainer.log_dir or trainer.default_root_dir) / "reach" / f"step{trainer.global_step}"
         model = presses["lookaheadkv"].base_model
         evaluator = Evaluator(model, pl_module.tokenizer, presses, self.budgets, ["aware"], output, False)

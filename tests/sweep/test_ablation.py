@@ -15,9 +15,9 @@ import lkv.eviction.presses.lookaheadkv
 import lkv.train.module
 from lkv.core.generation import prefill
 from lkv.eviction.presses.lookaheadkv import load_lookahead
-from lkv.train.ablation import LookaheadAblation
+from lkv.sweep.ablation import LookaheadAblation
+from lkv.sweep.grid import grid_points, point_name
 from lkv.train.datamodule import LabelDataModule
-from lkv.train.grid import grid_points, point_name
 from lkv.train.module import LookaheadKVModule
 from tests.conftest import TINY, build_tiny_model
 
