@@ -59,11 +59,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for check in checks:
         settings = ", ".join(f"{k}={v}" for k, v in check.settings.items())
-        if check.recent:
-            settings += f"{', ' if settings else ''}selector recent={check.recent}"
-        if check.head_budget != "equal":
+        if check.selector.recent:
+            settings += f"{', ' if settings else ''}selector recent={check.selector.recent}"
+        if check.selector.head_budget != "equal":
             settings += (
-                f"{', ' if settings else ''}head_budget={check.head_budget}, safeguard={check.safeguard}"
+                f"{', ' if settings else ''}head_budget={check.selector.head_budget}, "
+                f"safeguard={check.selector.safeguard}"
             )
         for name in ("64", "128", "S/2"):
             values = results[(check.label, name)]

@@ -16,7 +16,8 @@ import random
 import time
 
 from lkv.core.generation import Sampling
-from lkv.eviction.compressor import Compressor, encode_context, load_lookahead
+from lkv.eviction.compressor import Compressor, encode_context
+from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.registry import make_method
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document
 from lkv.model.backbone import load_backbone

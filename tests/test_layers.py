@@ -55,6 +55,14 @@ AGAINST_THE_FLOW = [
     ("lkv/eviction/presses/oracle.py", "from lkv.labels.shards import read_meta\n", "stages:"),
     ("lkv/core/generation.py", "import datasets\n", "read no label shards"),
     ("lkv/commands/sweep.py", "def _main():\n    from lkv.cli import main\n", "entry point"),
+    # a training callback reaching up into the grid runners (as NeedleReach once found the ablation's siblings)
+    (
+        "lkv/train/callbacks.py",
+        "def _siblings():\n    from lkv.sweep.ablation import LookaheadAblation\n",
+        "stages:",
+    ),
+    # the in-run ablation timing its modules through the benchmark runner above it
+    ("lkv/perf/overhead.py", "def _sweep():\n    from lkv.sweep.grid import grid_points\n", "stages:"),
     # assets <-> backbone, the cycle the GGUF loader's own module removed
     ("lkv/model/assets.py", "def _load():\n    from lkv.model.backbone import load_backbone\n", "cycles"),
 ]
@@ -74,3 +82,35 @@ def test_each_contract_breaks_on_an_import_against_the_flow(tree, path, line, co
     assert result.returncode != 0
     broken = [row for row in result.stdout.splitlines() if row.rstrip().endswith("BROKEN")]
     assert any(contract in row for row in broken), result.stdout
+
+
+@pytest.mark.parametrize("new", ["lkv/newstage/__init__.py", "lkv/newstage.py"])
+def test_a_top_level_module_the_layers_do_not_name_breaks_them(tree, new):
+    """The stages contract is exhaustive: every package and module directly under ``lkv`` must be a layer."""
+    path = tree / new
+    path.parent.mkdir(exist_ok=True)
+    path.write_text('"""A stage that no layer names."""\n')
+    try:
+        result = lint(tree)
+    finally:
+        path.unlink()
+        if path.parent != tree / "lkv":
+            path.parent.rmdir()
+    assert result.returncode != 0
+    broken = [row for row in result.stdout.splitlines() if row.rstrip().endswith("BROKEN")]
+    assert any("stages:" in row for row in broken), result.stdout
+    assert "- lkv.newstage" in result.stdout and "not listed as layers" in result.stdout, result.stdout
+
+
+def test_the_inference_commands_load_no_lightning(tmp_path):
+    """`lkv eval` and `lkv generate` import the checkpoint export (for a ``.ckpt``) but, given an adapter
+    folder, never load Lightning: the LightningModules are imported only when a checkpoint is exported."""
+    check = (
+        "import sys; import lkv.cli, lkv.commands.eval, lkv.commands.generate; "
+        "from lkv.train.export import resolve_adapter, resolve_probe; "
+        f"resolve_adapter({str(tmp_path)!r}); resolve_probe({str(tmp_path)!r}); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'pytorch_lightning'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout

@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 from matplotlib.figure import Figure
 
-from lkv.eval.cells import FULL
 from lkv.eval.paired import pair_by_sample
+from lkv.eval.results import FULL
 from lkv.eval.stats import PairedResult, bootstrap_interval, wilson_interval
-from lkv.train.grid import grid_points, point_name
+from lkv.sweep.grid import grid_points, point_name
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP_CONFIG = ROOT / "configs/sweeps/data_scaling_smollm2.yaml"

@@ -22,9 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lkv.eval.cells import FULL
 from lkv.eval.paired import pair_by_sample
-from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile
 from lkv.eval.stats import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lkv.eval.cells import FULL
-from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile
 from lkv.eval.stats import mcnemar_exact, mean_interval, wilson_interval
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -126,8 +126,10 @@ def cache_length_section(
     length), a plot in ``out/plots/`` and the report's markdown lines."""
     from lkv.eval.tasks.text import HeldoutEssays
     from lkv.eval.trace import cache_length_traces, plot_cache_lengths
-    from lkv.eviction.compressor import Compressor, load_lookahead
+    from lkv.eviction.compressor import Compressor
     from lkv.eviction.decoding import H2ODecode
+    from lkv.eviction.presses.lookaheadkv import load_lookahead
+    from lkv.eviction.registry import REFERENCE
 
     path = out / TRACE_FILE
     traces = json.loads(path.read_text()) if path.is_file() else {}
@@ -136,7 +138,7 @@ def cache_length_section(
         essay = " ".join(s.text for s in HeldoutEssays(tokenizer).take(1000, start=0))
         request = f"{essay}\n\nRetell the text above in detail, paragraph by paragraph."
         compressors = {
-            "fullkv": Compressor(model, tokenizer, "fullkv"),
+            REFERENCE: Compressor(model, tokenizer, REFERENCE),
             "lookaheadkv": Compressor(model, tokenizer, lookahead, budget),
             "lookaheadkv+h2o": Compressor(
                 model, tokenizer, lookahead, budget, decode_policy=H2ODecode(every=16)

@@ -9,6 +9,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from lkv.commands.signals import exit_on_sigterm
+from lkv.core.budget import Budget
 from lkv.core.chat import template_kwargs, template_reads_variables
 from lkv.eval.report import write_report
 from lkv.eval.results import (
@@ -21,11 +22,18 @@ from lkv.eval.results import (
 )
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
-from lkv.eviction.compressor import load_lookahead
 from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
-from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
-from lkv.eviction.presses.selector import HeadBudget, check_budget
-from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
+from lkv.eviction.registry import (
+    ADAPTER_METHOD,
+    DEFAULT_METHODS,
+    METHODS,
+    PROBE_METHOD,
+    MethodName,
+    make_method,
+    roles_of,
+)
+from lkv.eviction.selector import HeadBudget, Selection
 from lkv.model.backbone import load_backbone
 from lkv.train.export import resolve_adapter, resolve_probe
 
@@ -33,7 +41,7 @@ from lkv.train.export import resolve_adapter, resolve_probe
 TEMPLATE_KEY = "chat_template_kwargs"
 
 # the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
-LOOKAHEAD_PREFIX = "lookaheadkv:"
+LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
 
 
 def evaluate(
@@ -109,20 +117,20 @@ def evaluate(
     if not budgets:
         raise ValueError("--budgets: give at least one budget (tokens per KV head, or a ratio in (0, 1])")
     try:
-        budgets = tuple(check_budget(budget) for budget in budgets)
+        checked = [Budget.of(budget) for budget in budgets]
     except (TypeError, ValueError) as error:
         raise ValueError(f"--budgets: {error}") from None
     methods = list(dict.fromkeys(m.lower() for m in methods))
-    if ("lookaheadkv" in methods) != (adapter is not None):
-        raise ValueError("--adapter is required by the lookaheadkv method and used by no other method")
+    if (ADAPTER_METHOD in methods) != (adapter is not None):
+        raise ValueError(f"--adapter is required by the {ADAPTER_METHOD} method and used by no other method")
     decode_time = [m for m in methods if m in METHODS and METHODS[m].acts == "decode"]
     if head_budget != "equal" and decode_time:
         raise ValueError(
             f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
             f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
         )
-    if ("probe" in methods) != (probe is not None):
-        raise ValueError("--probe is required by the probe method and used by no other method")
+    if (PROBE_METHOD in methods) != (probe is not None):
+        raise ValueError(f"--probe is required by the {PROBE_METHOD} method and used by no other method")
     adapters = dict(adapters or {})
     if adapters and adapter is None:
         raise ValueError("--adapters adds lookahead modules beside --adapter's; give --adapter too")
@@ -133,7 +141,9 @@ def evaluate(
         )
     methods += [f"{LOOKAHEAD_PREFIX}{name}" for name in adapters]
     press_args = dict(press_args or {})
-    unused = sorted(set(press_args) - (set(methods) - {"fullkv", "oracle", "probe"}))
+    # the reference keeps everything, the upper bound is scored from its answer, a probe's settings are its own
+    takes_settings = {m for m in methods if roles_of(m).role == "method" and roles_of(m).requires != "probe"}
+    unused = sorted(set(press_args) - takes_settings)
     if unused:
         raise ValueError(
             f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
@@ -187,11 +197,12 @@ def evaluate(
     for method in methods:
         if method in presses:
             continue
-        if method == "lookaheadkv":
+        roles = roles_of(method)
+        if roles.requires == "adapter":
             presses[method] = LookaheadKVPress(lookahead.adapter, **press_args.get(method, {}))
-        elif method == "probe":
+        elif roles.requires == "probe":
             presses[method] = ProbePress.from_folder(resolve_probe(probe, model), net)
-        elif method == "oracle":
+        elif roles.role == "upper bound":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
         else:
             presses[method] = make_method(method, **press_args.get(method, {}))
@@ -200,7 +211,7 @@ def evaluate(
         net,
         tokenizer,
         presses,
-        budgets,
+        checked,
         settings,
         out,
         progress,
@@ -208,7 +219,7 @@ def evaluate(
         batch_size,
         enable_thinking,
         max_batch_tokens,
-        head_budget,
+        Selection(head_budget=head_budget),
     )
     title = title or out.name
     try:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lkv.core.budget import Budget
 from lkv.core.generation import Sampling
-from lkv.eviction.compressor import Compressor, load_lookahead
+from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
-from lkv.eviction.presses.selector import HeadBudget, check_budget
-from lkv.eviction.registry import MethodName, make_method
+from lkv.eviction.presses.lookaheadkv import load_lookahead
+from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, make_method, roles_of
+from lkv.eviction.selector import HeadBudget, Selection
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
 from lkv.train.export import resolve_adapter, resolve_probe
@@ -87,11 +89,17 @@ def generate(
         prompt = path.read_text()
     if not prompt.strip():
         raise ValueError("the prompt is empty")
-    check_budget(budget)
-    if (adapter is not None) != (method == "lookaheadkv"):
-        raise ValueError("--adapter is required by --method lookaheadkv and used by no other method")
-    if (probe is not None) != (method == "probe"):
-        raise ValueError("--probe is required by --method probe and used by no other method")
+    # checked before any model loads
+    try:
+        checked = Budget.of(budget)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"--budget: {error}") from None
+    selection = Selection(sink, recent, kernel, pooling, head_budget)
+    requires = roles_of(method).requires
+    if (adapter is not None) != (requires == "adapter"):
+        raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
+    if (probe is not None) != (requires == "probe"):
+        raise ValueError(f"--probe is required by --method {PROBE_METHOD} and used by no other method")
     if adapter is not None:
         folder = resolve_adapter(adapter, model)
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
@@ -111,21 +119,17 @@ def generate(
         net,
         tokenizer,
         press,
-        budget,
-        sink,
-        recent,
-        kernel,
-        pooling,
+        checked,
+        selection,
         streamed=streamed,
         enable_thinking=enable_thinking,
-        head_budget=head_budget,
     )
     out = compressor.generate(
         prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
     )
     print(out.text)
     print(
-        f"lkv generate [{method}, budget {budget}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
+        f"lkv generate [{method}, budget {checked}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
         f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
         file=sys.stderr,
     )

@@ -465,10 +465,19 @@ def install_capture(model: PreTrainedModel) -> str:
     check_attn_implementation(current)
     if getattr(model.config, "attn_logit_softcapping", None):
         raise NotImplementedError(f"{model.config.model_type}: attention logit soft-capping is not supported")
-    name = _PREFIX + current
+    name = wrap_attention(model, _PREFIX, _make_capturing)
+    _install_hooks(model)
+    return name
+
+
+def wrap_attention(model: PreTrainedModel, prefix: str, make: Callable[[str], Callable]) -> str:
+    """Switch ``model`` to the attention implementation ``<prefix><current>``: ``make(current)``, a wrapper of
+    its current implementation, registered (once per process) with the current one's mask function. Returns
+    the new name."""
+    current = model.config._attn_implementation
+    name = prefix + current
     if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        AttentionInterface.register(name, _make_capturing(current))
+        AttentionInterface.register(name, make(current))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
     model.set_attn_implementation(name)
-    _install_hooks(model)
     return name

@@ -5,7 +5,7 @@ positions in their original order; layers may differ (PyramidKV). RoPE is alread
 so decoding only needs position ids that continue from the uncompressed prompt length.
 
 Heads of one layer may keep different counts (AdaKV's head-adaptive budgets,
-:func:`lkv.eviction.presses.selector.select_indices`): a layer is then gathered to its largest head's count
+:func:`lkv.eviction.selector.select_indices`): a layer is then gathered to its largest head's count
 ``W_l``, and the shorter heads' padding slots (position ``-1`` in the kept index) hold zeros and are marked
 in a key mask, ``(batch, kv_heads, W_l)`` bool on the cache layer (:func:`key_mask`; entries appended later
 are never masked). Attention skips the masked slots (:func:`lkv.core.attention.install_capture` routes every

@@ -1,4 +1,5 @@
-"""Prefill and token-by-token decoding over an explicit KV cache.
+"""Prefill, token-by-token decoding and appending a block of tokens over an explicit KV cache; an answer's text
+and why it ended (:func:`answer_text`).
 
 Decoding takes its position ids from the *original* sequence length, not from the cache length, so the
 same loop serves a full cache, one that eviction has shrunk to a budget, and one that a decode-time policy
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from lkv.core.cache import CompressedCache
 from lkv.core.compat import cache_kwargs
 
 Sampler = Callable[[torch.Tensor], torch.Tensor]
@@ -134,6 +136,22 @@ class StopStrings:
         return text[:cut]
 
 
+def answer_text(
+    tokenizer: PreTrainedTokenizerBase | None,
+    tokens: list[int],
+    eos_token_ids: Sequence[int],
+    stopper: StopStrings | None = None,
+) -> tuple[str, str]:
+    """``(text, finish_reason)`` of generated ``tokens``: special tokens skipped, the text cut before the first
+    stop string; the reason is ``eos``, ``stop`` (a stop string) or ``length``."""
+    text = "" if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
+    if tokens[-1] in eos_token_ids:
+        return text, "eos"
+    if stopper is not None and stopper(tokens):
+        return stopper.truncate(text), "stop"
+    return text, "length"
+
+
 @torch.no_grad()
 def prefill(
     model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache | None = None, **kwargs
@@ -208,6 +226,43 @@ def decode(
     return tokens
 
 
+@torch.no_grad()
+def append_tokens(
+    model: PreTrainedModel,
+    cache: DynamicCache,
+    ids: torch.Tensor,
+    position: int,
+    upkeep: CacheUpkeep | None = None,
+) -> torch.Tensor:
+    """Run ``ids (1, n)`` on top of ``cache`` at positions ``position..position+n-1``; next-token logits ``(1, vocab)``.
+
+    transformers sizes the causal mask from the cache (query offset = cached entries), so a block appended
+    to a uniformly compressed cache gets the right mask whatever its positions. Layers of different lengths
+    (PyramidKV) need a mask per layer, so such a cache takes the block one token at a time.
+
+    A decode-time policy's ``upkeep`` observes every forward pass (nothing is evicted here: call its
+    ``enforce`` afterwards).
+    """
+    ragged = isinstance(cache, CompressedCache) and cache.is_ragged
+    steps = [ids[:, i : i + 1] for i in range(ids.shape[1])] if ragged else [ids]
+    offset = position
+    for block in steps:
+        positions = torch.arange(offset, offset + block.shape[1], device=ids.device)[None]
+        extra = {} if upkeep is None else upkeep.forward_kwargs(generating=False)
+        out = model(
+            input_ids=block,
+            position_ids=positions,
+            **cache_kwargs(cache),
+            use_cache=True,
+            logits_to_keep=1,
+            **extra,
+        )
+        if upkeep is not None:
+            upkeep.observe()
+        offset += block.shape[1]
+    return out.logits[:, -1].float()
+
+
 def crop_to(cache: DynamicCache, length: int) -> None:
     """Shrink ``cache`` to its first ``length`` positions (transformers' ``crop`` takes a negative count)."""
     extra = cache.get_seq_length() - length
@@ -217,10 +272,10 @@ def crop_to(cache: DynamicCache, length: int) -> None:
         cache.crop(-extra)
 
 
-def eos_ids(model: PreTrainedModel, tokenizer) -> list[int]:
-    """All end-of-sequence ids the model or tokenizer declare (chat models often have several)."""
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> list[int]:
+    """All end-of-sequence ids the model or tokenizer (if any) declare (chat models often have several)."""
     found = model.generation_config.eos_token_id if model.generation_config is not None else None
     ids = set(found if isinstance(found, list) else [] if found is None else [found])
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)

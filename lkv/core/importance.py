@@ -17,6 +17,7 @@ def response_importance(
     prompt_len: int,
     response_ids: torch.Tensor,
     position_offset: int = 0,
+    last_queries: int | None = None,
 ) -> torch.Tensor:
     """s_GT (docs/design.md §1) for a response teacher-forced on top of a prompt cache.
 
@@ -26,14 +27,16 @@ def response_importance(
             labels) the question followed by the response.
         position_offset: the response starts at position ``prompt_len + position_offset`` (a prompt prefilled
             with a position gap, :class:`lkv.train.module.LookaheadKVModule`'s ``max_position_gap``).
+        last_queries: reduce only the last this many queries of ``response_ids`` (the Oracle of a
+            question-agnostic row: the answer after the appended question); ``None``: every query.
 
     Returns:
         ``(layers, kv_heads, prompt_len)`` fp32; each ``[l, h]`` row sums to 1.
     """
     if cache.get_seq_length() != prompt_len:
         raise ValueError(f"cache holds {cache.get_seq_length()} tokens, expected the prompt's {prompt_len}")
-    # every response query is captured, so the capture's fp32 rows also give the attention output
-    capture = ImportanceCapture(num_keys=prompt_len, computes_output=True)
+    # when every response query is captured, the capture's fp32 rows also give the attention output
+    capture = ImportanceCapture(prompt_len, last_queries, computes_output=last_queries is None)
     first = prompt_len + position_offset
     positions = torch.arange(first, first + response_ids.shape[1], device=response_ids.device)[None]
     model(

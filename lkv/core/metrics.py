@@ -163,13 +163,11 @@ class RecallAtC(_RowMean):
     """Mean Recall@C per row: overlap of predicted and true top-C sets over C (see :func:`topk_recall`).
 
     Args:
-        budget: C.
+        budget: C, whole tokens (checked where it enters: :func:`lkv.core.budget.token_budgets`).
     """
 
     def __init__(self, budget: int, **kwargs) -> None:
         super().__init__(**kwargs)
-        if budget <= 0:
-            raise ValueError(f"budget must be positive, got {budget}")
         self.budget = budget
 
     def rows(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

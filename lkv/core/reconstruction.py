@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.core.attention import _CHUNK_ELEMENTS, ImportanceCapture, grouped_attention
+from lkv.core.attention import ImportanceCapture, grouped_attention, query_blocks
 from lkv.core.chat import encode_question
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
@@ -45,24 +45,42 @@ def reconstruction_block(tokenizer: PreTrainedTokenizerBase, prompt_ids: Sequenc
 
 
 class ReconstructionCapture(ImportanceCapture):
-    """Per layer and query head, the largest ``a[q, t, j] / ‖x[t]‖`` over the last ``last_queries`` queries.
+    """Per layer and query head, the largest attention ``a[q, t, j]`` (KVzip+: ``a[q, t, j] / ‖x[t]‖``) a
+    reconstruction block's queries pay each prompt key: KVzip+'s targets (:func:`kvzip_plus_scores`) and the
+    KVzip press's scores (:class:`lkv.eviction.presses.kvzip.KVzipPress`) alike.
 
-    It reads both the attention rows (:meth:`observe`) and the attention input (:meth:`observe_input`, called
-    first by the hook of :func:`~lkv.core.attention.install_capture`). The parent's running sums stay empty:
-    read :meth:`maxima`, not ``scores``.
+    Weighted, it reads both the attention rows (:meth:`observe`) and the attention input
+    (:meth:`observe_input`, called first by the hook of :func:`~lkv.core.attention.install_capture`). The
+    parent's running sums stay empty: read :meth:`maxima`, not ``scores``.
 
     Args:
-        num_keys: ``S``, the prompt keys scored; last_queries: the repeated tokens at the end of the block.
+        num_keys: ``S``, the prompt length (the cache holds ``S`` entries before the block).
+        last_queries: the block's trailing queries that count (the repeated tokens); ``None``: every query.
+        window: ``(sink, start, end)``: score the prompt chunk ``start..end`` only, each query's softmax running
+            over the first ``sink`` keys, the chunk's and the block's own (causally; KVzip's chunked scoring of
+            one unpadded sequence, whose attention mask is not read); ``None``: every prompt key, the softmax
+            over the whole cache.
+        weighted: divide each query's attention by the norm of its attention input (KVzip+).
     """
 
-    def __init__(self, num_keys: int, last_queries: int) -> None:
+    def __init__(
+        self,
+        num_keys: int,
+        last_queries: int | None = None,
+        window: tuple[int, int, int] | None = None,
+        weighted: bool = True,
+    ) -> None:
         super().__init__(num_keys, last_queries)
+        if window is not None and not 0 <= window[0] <= window[1] < window[2] <= num_keys:
+            raise ValueError(f"expected a window 0 ≤ sink ≤ start < end ≤ S={num_keys}, got {window}")
+        self.window, self.weighted = window, weighted
         self._inverse_norms: dict[int, torch.Tensor] = {}
         self._maxima: dict[int, torch.Tensor] = {}
 
     def observe_input(self, module: nn.Module, hidden_states: torch.Tensor) -> None:
         """``1 / ‖x[t]‖`` of every block query, ``hidden_states (batch, Q, hidden)`` → ``(batch, Q)`` fp32."""
-        self._inverse_norms[module.layer_idx] = hidden_states.float().norm(dim=-1).reciprocal()
+        if self.weighted:
+            self._inverse_norms[module.layer_idx] = hidden_states.float().norm(dim=-1).reciprocal()
 
     def observe(
         self,
@@ -73,30 +91,42 @@ class ReconstructionCapture(ImportanceCapture):
         scaling: float,
         value: torch.Tensor | None = None,
     ) -> None:
-        """Running maximum over the repeated queries (shapes as in :meth:`ImportanceCapture.observe`)."""
-        if layer_idx not in self._inverse_norms:
-            raise RuntimeError(
-                f"layer {layer_idx}: no attention input was observed before its attention; was the model "
-                "prepared with lkv.core.attention.install_capture()?"
-            )
-        inverse = self._inverse_norms.pop(layer_idx)
+        """Running maximum over the counted queries (shapes as in :meth:`ImportanceCapture.observe`)."""
+        inverse = None
+        if self.weighted:
+            if layer_idx not in self._inverse_norms:
+                raise RuntimeError(
+                    f"layer {layer_idx}: no attention input was observed before its attention; was the model "
+                    "prepared with lkv.core.attention.install_capture()?"
+                )
+            inverse = self._inverse_norms.pop(layer_idx)
         first = self.first_query(layer_idx, query, key)
-        key32 = key.float()
         batch, heads, q_len = query.shape[:3]
-        chunk = max(1, _CHUNK_ELEMENTS // max(1, batch * heads * key.shape[2]))
+        if self.window is None:
+            scored, mask = slice(0, self.num_keys), attention_mask
+        else:
+            if key.shape[2] != self.num_keys + q_len:
+                raise ValueError(
+                    f"layer {layer_idx}: {key.shape[2]} keys, expected the prompt's {self.num_keys} + the "
+                    f"block's {q_len}"
+                )
+            sink, start, end = self.window
+            key = torch.cat([key[:, :, :sink], key[:, :, start:end], key[:, :, -q_len:]], dim=2)
+            # the block is the tail of these keys: a plain causal mask on its own columns
+            scored, mask = slice(sink, sink + end - start), None
+        key32 = key.float()
         best = self._maxima.get(layer_idx)
-        for start in range(first, q_len, chunk):
-            stop = min(start + chunk, q_len)
-            probs = grouped_attention(query, key32, attention_mask, scaling, start, stop)[
-                ..., : self.num_keys
-            ]
-            # (batch, kv_heads, group, queries, S) · 1/‖x[t]‖, maximum over the queries
-            part = (probs * inverse[:, None, None, start:stop, None]).amax(dim=3)
+        for start, stop in query_blocks(first, q_len, batch * heads * key.shape[2]):
+            probs = grouped_attention(query, key32, mask, scaling, start, stop)[..., scored]
+            if inverse is not None:  # (batch, kv_heads, group, queries, S) · 1/‖x[t]‖
+                probs = probs * inverse[:, None, None, start:stop, None]
+            part = probs.amax(dim=3)  # the maximum over the queries
             best = part if best is None else torch.maximum(best, part)
         self._maxima[layer_idx] = best
 
     def maxima(self, layer_idx: int) -> torch.Tensor:
-        """``(batch, kv_heads, group, S)``: ``max_t a[q, t, j] / ‖x[t]‖`` of one layer, per query head."""
+        """``(batch, kv_heads, group, S)`` (a window: ``end - start``): ``max_t a[q, t, j]`` (weighted:
+        ``/ ‖x[t]‖``) of one layer, per query head."""
         if layer_idx not in self._maxima:
             raise RuntimeError(f"layer {layer_idx} was not observed (observed: {sorted(self._maxima)})")
         return self._maxima[layer_idx]

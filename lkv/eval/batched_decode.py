@@ -28,8 +28,8 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.batched_generation import greedy_batch, stack_caches, stack_layout
 from lkv.core.clock import clock
-from lkv.core.generation import Sampling, StopStrings
-from lkv.eviction.compressor import CompressedPrompt, Generation, answer_text, append_tokens
+from lkv.core.generation import Sampling, StopStrings, answer_text, append_tokens
+from lkv.eviction.records import CompressedPrompt, Generation, answer_record
 
 Settled = Callable[[str], bool]
 
@@ -94,7 +94,7 @@ class AnswerBatches:
 
     A batch is decoded as soon as ``batch_size`` requests of one stackable layout are waiting, so at most
     one partial batch per layout is held; :meth:`flush` decodes the rest. Each request's ``done`` callback
-    gets its :class:`~lkv.eviction.compressor.Generation` (``decode_s``: the row's share of each step).
+    gets its :class:`~lkv.eviction.records.Generation` (``decode_s``: the row's share of each step).
 
     Args:
         model: the model every cache belongs to.
@@ -169,14 +169,12 @@ def decode_batch(
             asking for the next row: decoding goes on meanwhile.
     """
     taken: list[AnswerRequest] = []
-    kept: list[list[int]] = []
     logits: list[torch.Tensor] = []
     positions: list[int] = []
 
     def caches() -> Iterator[DynamicCache]:
         for request in requests:
             taken.append(request)
-            kept.append(request.compressed.kept_per_layer)
             logits.append(request.next_logits)
             positions.append(request.position)
             yield request.compressed.cache
@@ -189,7 +187,7 @@ def decode_batch(
     for finished in greedy_batch(model, padded, limits, eos_token_ids, rules, keep_prompt=keep_prompt):
         row = finished.row
         generation = _generation(
-            tokenizer, eos_token_ids, taken[row], kept[row], stoppers[row], finished.tokens, finished.seconds
+            tokenizer, eos_token_ids, taken[row], stoppers[row], finished.tokens, finished.seconds
         )
         yield row, generation, finished.prompt_cache
         finished.prompt_cache = None
@@ -214,7 +212,6 @@ def _generation(
     tokenizer: PreTrainedTokenizerBase,
     eos_token_ids: list[int],
     request: AnswerRequest,
-    kept_per_layer: list[int],
     stopper: StopStrings | None,
     tokens: list[int],
     seconds: float,
@@ -222,17 +219,6 @@ def _generation(
     text, reason = answer_text(tokenizer, tokens, eos_token_ids, stopper)
     if reason == "length" and request.settled is not None and request.settled(text):
         reason = "answered"  # the task's score can no longer change (it may coincide with the limit)
-    compressed = request.compressed
-    return Generation(
-        text=text,
-        token_ids=tokens,
-        finish_reason=reason,
-        prompt_tokens=request.position,
-        kept_per_layer=kept_per_layer,
-        kv_bytes_full=compressed.kv_bytes_full,
-        kv_bytes_kept=compressed.kv_bytes_kept,
-        prefill_s=compressed.prefill_s,
-        eviction_s=compressed.eviction_s,
-        question_s=request.question_s,
-        decode_s=seconds,
+    return answer_record(
+        request.compressed, text, tokens, reason, request.position, request.question_s, seconds
     )

@@ -16,12 +16,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lkv.eval.cells import FULL, NO_BUDGET
-from lkv.eval.results import adapter_method
+from lkv.eval.results import FULL, NO_BUDGET, budget_order
 from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test, wilson_interval
+from lkv.eviction.registry import REFERENCE, Roles, roles_of
 
-#: Methods that are not training-free eviction baselines: references, upper bounds, the trained method.
-NOT_BASELINES = frozenset({"fullkv", "oracle", "lookaheadkv", "quest"})
+
+def is_baseline(roles: Roles) -> bool:
+    """A training-free eviction baseline: not the reference nor the upper bound, not a trained lookahead
+    module, and it evicts (Quest keeps the whole cache)."""
+    return roles.role == "method" and roles.requires != "adapter" and roles.evicts
 
 
 def _cells(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, float]]:
@@ -43,7 +46,8 @@ def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 
 
 def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
     """One entry per (task, setting, budget, method, reference) with reference ``fullkv``, the best baseline,
-    and for the trained methods (:func:`~lkv.eval.results.adapter_method`) also each baseline.
+    and for the trained lookahead modules (:class:`~lkv.eviction.registry.Roles` ``requires="adapter"``) also
+    each baseline.
 
     Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline`` or ``baseline``),
     baseline (the reference method's name), the :class:`~lkv.eval.stats.PairedResult` fields (n, diff, low,
@@ -54,20 +58,20 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
     out: list[dict[str, Any]] = []
     keys = dict.fromkeys((t, s, b) for t, s, _, b in cells if b != FULL)
     for task, setting, budget in keys:
-        full = cells.get((task, setting, "fullkv", FULL), {})
+        full = cells.get((task, setting, REFERENCE, FULL), {})
         methods = [m for t, s, m, b in cells if (t, s, b) == (task, setting, budget)]
         means = {m: _mean(cells[(task, setting, m, budget)].values()) for m in methods}
-        baselines = [m for m in methods if m not in NOT_BASELINES]
+        baselines = [m for m in methods if is_baseline(roles_of(m))]
         best = max(baselines, key=lambda m: (means[m], m)) if baselines else None
         for method in methods:
             mine = cells[(task, setting, method, budget)]
-            references = [("fullkv", "fullkv"), ("best baseline", best)]
-            if adapter_method(method):
+            references = [(REFERENCE, REFERENCE), ("best baseline", best)]
+            if roles_of(method).requires == "adapter":
                 references += [("baseline", name) for name in sorted(baselines)]
             for reference, name in references:
                 if name is None or name == method:
                     continue
-                other = full if reference == "fullkv" else cells[(task, setting, name, budget)]
+                other = full if reference == REFERENCE else cells[(task, setting, name, budget)]
                 result = pair_by_sample(mine, other, seed)
                 if result is None:
                     continue
@@ -81,7 +85,7 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
                     **vars(result),
                     "significant": result.significant,
                 }
-                if reference == "fullkv" and is_binary(list(full.values())):
+                if reference == REFERENCE and is_binary(list(full.values())):
                     solved = [s for s, v in full.items() if v == 1.0 and s in mine]
                     entry["solved"] = len(solved)
                     entry["kept"] = sum(mine[s] == 1.0 for s in solved)
@@ -92,10 +96,6 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
-
-
-def _budget_sort_key(budget: str) -> float:
-    return float(budget)
 
 
 def _signed(value: float) -> str:
@@ -124,7 +124,7 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
     for entry in comparisons:
         groups[(entry["task"], entry["setting"])].append(entry)
     for (task, setting), entries in groups.items():
-        budgets = sorted({e["budget"] for e in entries}, key=_budget_sort_key)
+        budgets = sorted({e["budget"] for e in entries}, key=budget_order)
         by_key = {(e["method"], _versus(e), e["budget"]): e for e in entries}
         found = list(dict.fromkeys(e["method"] for e in entries))
         order = [m for m in methods if m in found] + [m for m in found if m not in methods]

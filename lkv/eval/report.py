@@ -26,21 +26,13 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from lkv.eval.cells import FULL, NO_BUDGET
 from lkv.eval.paired import comparison_markdown, paired_comparisons
+from lkv.eval.results import FULL, NO_BUDGET, budget_order
 from lkv.eval.stats import is_binary, mean_interval
 from lkv.eval.tensorboard import write_eval_runs
 
 SMOKE_N = 30  # cells with fewer samples are labelled a smoke test: their 95 % intervals span ~30+ points
 SETTING_NAMES = {"aware": "question-aware", "agnostic": "question-agnostic"}
-
-
-def _budget_sort_key(budget: str) -> tuple[int, float]:
-    if budget == FULL:
-        return (1, 0.0)
-    if budget == NO_BUDGET:
-        return (2, 0.0)
-    return (0, float(budget))
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -80,7 +72,7 @@ def summarize(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             task_order[e["task"]],
             settings.index(e["setting"]) if e["setting"] in settings else len(settings),
             e["method"],
-            _budget_sort_key(e["budget"]),
+            budget_order(e["budget"]),
         )
     )
     return summary
@@ -112,7 +104,7 @@ def markdown_tables(summary: Sequence[dict[str, Any]], methods: Sequence[str] = 
             continue
         for setting in _order((e["setting"] for e in entries), list(SETTING_NAMES)):
             chosen = [e for e in entries if e["setting"] == setting]
-            budgets = sorted({e["budget"] for e in chosen if e["budget"] != FULL}, key=_budget_sort_key)
+            budgets = sorted({e["budget"] for e in chosen if e["budget"] != FULL}, key=budget_order)
             cell = {(e["method"], e["budget"]): e for e in chosen}
             lines += [f"**{task}**, {SETTING_NAMES.get(setting, setting)} {_cell_note(chosen)}", ""]
             lines.append("| method | " + " | ".join(f"C={b}" for b in budgets) + " |")
@@ -160,7 +152,7 @@ def breakdown_tables(rows: Sequence[dict[str, Any]], key: str, methods: Sequence
             continue
         for setting in _order((r["setting"] for r in chosen), list(SETTING_NAMES)):
             here = [r for r in chosen if r["setting"] == setting]
-            budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=_budget_sort_key)
+            budgets = sorted({r["budget"] for r in here if r["budget"] != FULL}, key=budget_order)
             if not budgets:
                 continue  # FullKV alone: the main table already gives its score
             present = [
@@ -278,7 +270,7 @@ def plot_niah_heatmaps(
         chosen = [r for r in needle if r["setting"] == setting]
         lengths = sorted({r["meta"]["length"] for r in chosen})
         depths = sorted({r["meta"]["depth"] for r in chosen})
-        budgets = sorted({r["budget"] for r in chosen if r["budget"] != FULL}, key=_budget_sort_key)
+        budgets = sorted({r["budget"] for r in chosen if r["budget"] != FULL}, key=budget_order)
         names = _order((r["method"] for r in chosen), methods)
         cells: dict[tuple[str, str, float, int], list[float]] = defaultdict(list)
         for r in chosen:

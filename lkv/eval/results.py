@@ -9,11 +9,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lkv.core.budget import Budget
+from lkv.eviction.registry import ADAPTER_METHOD, roles_of
+
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
-#: the method whose rows depend on the adapter (and ``lookaheadkv:<name>`` for a named module); every other
-#: method's rows are the same whatever the adapter
-ADAPTER_METHOD = "lookaheadkv"
 #: ``run.json`` keys that a run which does not use them leaves None (no adapter without lookaheadkv rows, no
 #: probe without probe rows)
 UNUSED_WHEN_NONE = frozenset({"adapter", "probe"})
@@ -24,9 +24,36 @@ ADDED_KEYS = {"head_budget": "equal"}
 NAMED = "adapters"
 
 
+FULL = "full"  # budget column of FullKV's rows (no eviction)
+NO_BUDGET = "-"  # budget column of importance rows (one row carries every Recall@C)
+
+
+def budget_key(budget: Budget | None) -> str:
+    """The budget column of a result row: ``"128"``, ``"0.25"``, or :data:`FULL` for a method that evicts
+    nothing (``None``). Importance rows, which carry every Recall@C, write :data:`NO_BUDGET`."""
+    return FULL if budget is None else str(budget)
+
+
+def parse_budget_key(key: str) -> Budget | str:
+    """The budget of a row's budget column (:func:`budget_key`'s inverse); :data:`FULL` and :data:`NO_BUDGET`
+    come back as they are."""
+    if key in (FULL, NO_BUDGET):
+        return key
+    return Budget(int(key) if key.isdigit() else float(key))
+
+
+def budget_order(key: str) -> tuple[int, float]:
+    """Sort key of budget columns: budgets (ratios, which are ≤ 1, before tokens), then FullKV, then "-"."""
+    budget = parse_budget_key(key)
+    if isinstance(budget, Budget):
+        return (0, float(budget.value))
+    return (1, 0.0) if budget == FULL else (2, 0.0)
+
+
 def adapter_method(method: str) -> bool:
-    """Whether ``method``'s rows come from a trained lookahead module (``lookaheadkv``, ``lookaheadkv:<name>``)."""
-    return method == ADAPTER_METHOD or method.startswith(ADAPTER_METHOD + ":")
+    """Whether ``method``'s rows come from a trained lookahead module (``lookaheadkv``, ``lookaheadkv:<name>``):
+    they depend on the adapter; every other method's rows are the same whatever the adapter."""
+    return roles_of(method).requires == "adapter"
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:

@@ -38,22 +38,22 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
+from lkv.core.budget import Budget
 from lkv.core.cache import cache_bytes, token_bytes
 from lkv.core.clock import clock
-from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, crop_to, decode, prefill
 from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
-from lkv.eval.cells import FULL, NO_BUDGET
-from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.results import FULL, NO_BUDGET, RESULTS_FILE, ResultsFile, budget_key
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
-from lkv.eval.tasks.importance import NOT_RANKED
 from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
-from lkv.eviction.compressor import Compressor, Generation, ScoredPrompt
+from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
-from lkv.eviction.presses.selector import HeadBudget
+from lkv.eviction.records import Generation, ScoredPrompt
+from lkv.eviction.registry import REFERENCE, UPPER_BOUND, roles_of
+from lkv.eviction.selector import DEFAULT_SELECTION, Selection
 from lkv.model.backbone import model_signature
 
 SETTINGS = ("aware", "agnostic")
@@ -77,13 +77,6 @@ def device_batch_tokens(model: PreTrainedModel, share: float = CACHE_SHARE) -> i
     free += torch.cuda.memory_reserved(parameter.device) - torch.cuda.memory_allocated(parameter.device)
     per_token = token_bytes(model.config.get_text_config(), parameter.element_size())
     return max(1, int(share * free / per_token))
-
-
-def budget_key(method: str, budget: int | float | None) -> str:
-    """The budget column of a result row."""
-    if method == "fullkv":
-        return FULL
-    return NO_BUDGET if budget is None else str(budget)
 
 
 @dataclass
@@ -124,24 +117,6 @@ def shared_prefill(model: PreTrainedModel, ids: torch.Tensor, presses: dict[str,
     return Prefilled(ids, cache, next_logits, captures, clock(ids.device) - start)
 
 
-@torch.no_grad()
-def answer_importance(
-    model: PreTrainedModel, cache: DynamicCache, prompt_len: int, appended: list[int], answer: list[int]
-) -> torch.Tensor:
-    """Oracle scores ``(1, layers, kv_heads, S)``: attention of the ``answer`` tokens on the prompt's keys.
-
-    ``appended`` (the question, question-agnostic setting) and ``answer`` are teacher-forced on the prompt's
-    full cache; only the answer's queries are reduced. The cache is cropped back to ``prompt_len``.
-    """
-    capture = ImportanceCapture(prompt_len, last_queries=len(answer))
-    ids = torch.tensor([appended + answer], device=cache.layers[0].keys.device)
-    try:
-        model(input_ids=ids, **cache_kwargs(cache), use_cache=True, logits_to_keep=1, lkv_capture=capture)
-    finally:
-        crop_to(cache, prompt_len)
-    return capture.scores(model.config.num_hidden_layers)
-
-
 def with_protected(scores: torch.Tensor, press: Press) -> torch.Tensor:
     """``scores (..., S)`` with the positions ``press`` always keeps (sink, recent window) set to ``+inf``."""
     prompt_len = scores.shape[-1]
@@ -161,7 +136,7 @@ class _Unit:
     setting: str
     context: list[int]
     question: list[int]
-    todo: list[tuple[str, int | float | None]]
+    todo: list[tuple[str, Budget | None]]
     streams: set[str] = field(default_factory=set)
     shared: Prefilled | None = None
     full: dict[str, Any] | None = None
@@ -208,7 +183,8 @@ class Evaluator:
         tokenizer: its tokenizer.
         presses: method name → press. ``fullkv`` and ``oracle`` need no real press (any instance will do:
             FullKV keeps everything, the Oracle's scores come from the FullKV answer).
-        budgets: tokens kept per KV head (ints) or ratios of the prompt (floats).
+        budgets: tokens kept per KV head (ints) or ratios of the prompt (floats), checked here
+            (:class:`~lkv.core.budget.Budget`).
         settings: ``aware`` and/or ``agnostic``.
         output: result folder.
         progress: show progress bars.
@@ -222,8 +198,8 @@ class Evaluator:
             memory (:func:`device_batch_tokens`; no limit on a CPU). The peak is in docs/scale_out.md.
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
-        head_budget: how each method's budget is spread over the KV heads of a layer: ``equal`` or ``adaptive``
-            (AdaKV, :mod:`lkv.eviction.presses.selector`).
+        selection: every method's selector settings (:class:`~lkv.eviction.selector.Selection`), e.g. how its
+            budget is spread over the KV heads of a layer: ``equal`` or ``adaptive`` (AdaKV).
     """
 
     def __init__(
@@ -231,7 +207,7 @@ class Evaluator:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         presses: dict[str, Press],
-        budgets: Iterable[int | float],
+        budgets: Iterable[Budget | int | float],
         settings: Iterable[Setting] = SETTINGS,
         output: str | Path = "reports/eval",
         progress: bool = True,
@@ -239,7 +215,7 @@ class Evaluator:
         batch_size: int = 8,
         enable_thinking: bool = False,
         max_batch_tokens: int | None = None,
-        head_budget: HeadBudget = "equal",
+        selection: Selection = DEFAULT_SELECTION,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -247,7 +223,7 @@ class Evaluator:
             raise ValueError(f"max_batch_tokens must be positive, got {max_batch_tokens}")
         self.model = model
         self.tokenizer = tokenizer
-        self.budgets = list(budgets)
+        self.budgets = [Budget.of(budget) for budget in budgets]
         self.settings = list(settings)
         unknown = [s for s in self.settings if s not in SETTINGS]
         if unknown or not self.settings:
@@ -256,10 +232,9 @@ class Evaluator:
             raise ValueError("give at least one budget")
         self.methods = list(presses)
         self.compressors = {
-            name: Compressor(model, tokenizer, press, head_budget=head_budget)
-            for name, press in presses.items()
+            name: Compressor(model, tokenizer, press, selection=selection) for name, press in presses.items()
         }
-        self.full = self.compressors.get("fullkv") or Compressor(model, tokenizer, FullKVPress())
+        self.full = self.compressors.get(REFERENCE) or Compressor(model, tokenizer, FullKVPress())
         self.output = Path(output)
         self.results = ResultsFile(self.output / RESULTS_FILE)
         self.progress = progress
@@ -284,11 +259,11 @@ class Evaluator:
 
     # --- end tasks ----------------------------------------------------------------------------------------
 
-    def _pending(self, task: str, sample: str, setting: str) -> list[tuple[str, int | float | None]]:
+    def _pending(self, task: str, sample: str, setting: str) -> list[tuple[str, Budget | None]]:
         todo = []
         for method in self.methods:
-            for budget in [None] if method == "fullkv" else self.budgets:
-                if (task, sample, method, budget_key(method, budget), setting) not in self.results.done:
+            for budget in [None] if roles_of(method).role == "reference" else self.budgets:
+                if (task, sample, method, budget_key(budget), setting) not in self.results.done:
                     todo.append((method, budget))
         return todo
 
@@ -341,15 +316,15 @@ class Evaluator:
         fresh = []
         for unit in units:
             unit.streams = {m for m, _ in unit.todo if self.streamed and self.compressors[m].press.streamable}
-            unit.full = self.results.done.get((task.name, unit.sample.id, "fullkv", FULL, unit.setting))
+            unit.full = self.results.done.get((task.name, unit.sample.id, REFERENCE, FULL, unit.setting))
             if unit.full is None:
                 fresh.append(unit)
             else:  # the FullKV answer is known (a resumed run): a prefill of its own, then the other methods
                 unit.shared = self._prefill(unit)
                 self._other_methods(task, unit, batches)
         for unit, gen in self._full_answers(fresh):
-            unit.full = self._row(task, unit.sample, unit.setting, "fullkv", None, gen, gen.text, 0.0)
-            if "fullkv" in self.methods:
+            unit.full = self._row(task, unit.sample, unit.setting, REFERENCE, None, gen, gen.text, 0.0)
+            if REFERENCE in self.methods:
                 self.results.add(unit.full)
             self._other_methods(task, unit, batches)
         batches.flush()
@@ -360,7 +335,7 @@ class Evaluator:
         scorers = {
             m: self.compressors[m].press
             for m, _ in unit.todo
-            if m not in ("fullkv", "oracle") and m not in unit.streams
+            if roles_of(m).role == "method" and m not in unit.streams  # the upper bound scores the answer
         }
         return shared_prefill(self.model, ids, scorers)
 
@@ -398,7 +373,7 @@ class Evaluator:
         """Every pending (method, budget) row of ``unit`` but FullKV's, from its shared prefill (let go after)."""
         self._score_methods(unit)
         for method, budget in unit.todo:
-            if method == "fullkv":
+            if roles_of(method).role == "reference":
                 continue
             if method in unit.streams:
                 gen = self._generate_streamed(method, unit, budget)
@@ -415,12 +390,16 @@ class Evaluator:
         """Each scored method's :class:`ScoredPrompt` of ``unit``'s shared prefill (the Oracle's from the
         FullKV answer)."""
         shared, unit.scored = unit.shared, {}
-        for method in dict.fromkeys(m for m, _ in unit.todo if m != "fullkv" and m not in unit.streams):
-            if method == "oracle":
+        scored = (m for m, _ in unit.todo if roles_of(m).role != "reference" and m not in unit.streams)
+        for method in dict.fromkeys(scored):
+            if roles_of(method).role == "upper bound":
                 start = clock(shared.ids.device)
-                scores = answer_importance(
-                    self.model, shared.cache, shared.prompt_len, unit.appended, unit.full["answer_ids"]
-                )
+                answer = unit.full["answer_ids"]
+                ids = torch.tensor([unit.appended + answer], device=shared.ids.device)
+                # the answer's queries only (question-agnostic: the question is appended before it)
+                scores = response_importance(
+                    self.model, shared.cache, shared.prompt_len, ids, last_queries=len(answer)
+                )[None]
                 seconds = clock(shared.ids.device) - start
             else:
                 scores, seconds = self._press_scores(method, shared)
@@ -431,7 +410,7 @@ class Evaluator:
         task: Task,
         unit: _Unit,
         method: str,
-        budget: int | float | None,
+        budget: Budget | None,
         score_s: float | None = None,
         add: bool = False,
     ) -> Callable[[Generation], dict[str, Any]]:
@@ -451,7 +430,7 @@ class Evaluator:
         self,
         compressor: Compressor,
         scored: ScoredPrompt,
-        budget: int | float | None,
+        budget: Budget | None,
         task: Task,
         unit: _Unit,
     ) -> AnswerRequest:
@@ -481,7 +460,7 @@ class Evaluator:
         return scores, clock(shared.ids.device) - start
 
     def _generate(
-        self, compressor: Compressor, scored: ScoredPrompt, budget: int | float | None, unit: _Unit
+        self, compressor: Compressor, scored: ScoredPrompt, budget: Budget | None, unit: _Unit
     ) -> Generation:
         """One answer at batch 1 through the Compressor (decode-time policies act on the cache as it grows)."""
         compressed = compressor.evict(scored, budget)
@@ -489,12 +468,10 @@ class Evaluator:
             return compressor.answer(compressed, unit.appended, unit.sampling)
         return compressor.decode(compressed, unit.sampling)
 
-    def _generate_streamed(self, method: str, unit: _Unit, budget: int | float) -> Generation:
+    def _generate_streamed(self, method: str, unit: _Unit, budget: Budget) -> Generation:
         """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
         own = self.compressors[method]
-        compressor = Compressor(
-            self.model, self.tokenizer, own.press, budget, streamed=True, head_budget=own.head_budget
-        )
+        compressor = Compressor(self.model, self.tokenizer, own.press, budget, own.selection, streamed=True)
         ids = torch.tensor([unit.prompt], device=self.full.device)
         return compressor.generate(ids, unit.sampling, unit.appended or None)
 
@@ -504,19 +481,19 @@ class Evaluator:
         sample: Sample,
         setting: str,
         method: str,
-        budget: int | float | None,
+        budget: Budget | None,
         gen: Generation,
         reference: str,
         score_s: float,
     ) -> dict[str, Any]:
         metrics = task.score(gen.text, sample, reference if task.needs_reference else None)
-        if method != "fullkv":
+        if roles_of(method).role != "reference":
             metrics["fullkv_f1"] = answer_agreement(gen.text, reference)  # agreement with FullKV, every task
         return {
             "task": task.name,
             "sample": sample.id,
             "method": method,
-            "budget": budget_key(method, budget),
+            "budget": budget_key(budget),
             "setting": setting,
             "score": metrics[task.metric],
             "metrics": metrics,
@@ -537,7 +514,7 @@ class Evaluator:
 
     def _importance(self, task: ImportanceTask) -> None:
         task.check_model(model_signature(self.model, self.tokenizer, "evaluated model"))
-        methods = [m for m in self.methods if m not in NOT_RANKED]
+        methods = [m for m in self.methods if not roles_of(m).unranked]
         labels = task.samples(self.tokenizer)  # lazily: each holds a (layers, kv_heads, S) target
         for label in Progress(f"lkv eval: {task.name}", len(task), "prompts", self.progress).track(labels):
             todo = [
@@ -577,7 +554,8 @@ class Evaluator:
 
     def _needle_tokens(self, task: NeedleTokenTask) -> None:
         """Per sample one prefill, every method's scores, and per budget the value tokens each head keeps."""
-        methods = [m for m in self.methods if m not in NOT_RANKED or m == "oracle"]
+        # the upper bound has no ranking of its own to score, but it keeps needle tokens like any method
+        methods = [m for m in self.methods if not roles_of(m).unranked or roles_of(m).role == "upper bound"]
         samples = list(task.samples(self.tokenizer))
         for sample in Progress(f"lkv eval: {task.name}", len(samples), "prompts", self.progress).track(
             samples
@@ -586,14 +564,14 @@ class Evaluator:
                 (m, b)
                 for m in methods
                 for b in self.budgets
-                if (task.name, sample.id, m, budget_key(m, b), "aware") not in self.results.done
+                if (task.name, sample.id, m, budget_key(b), "aware") not in self.results.done
             ]
             if not todo:
                 continue
             context, question = encode_sample(sample, self.tokenizer)
             positions = value_positions(sample, self.tokenizer)
             ids = torch.tensor([context + question], device=self.full.device)
-            scored = {m: self.compressors[m].press for m, _ in todo if m != "oracle"}
+            scored = {m: self.compressors[m].press for m, _ in todo if roles_of(m).role == "method"}
             shared = shared_prefill(self.model, ids, scored)
             scores = {m: self._press_scores(m, shared) for m in scored}
             # The FullKV answer: whether FullKV finds the needle at all, and the Oracle's queries.
@@ -609,10 +587,10 @@ class Evaluator:
             crop_to(shared.cache, shared.prompt_len)
             text = self.tokenizer.decode(answer, skip_special_tokens=True)
             fullkv = task.needles.score(text, sample)[task.needles.metric]
-            if "oracle" in dict(todo):
+            if UPPER_BOUND in dict(todo):
                 response = torch.tensor([answer], device=ids.device)
                 oracle = response_importance(self.model, shared.cache, shared.prompt_len, response)
-                scores["oracle"] = (oracle[None], clock(ids.device) - start)
+                scores[UPPER_BOUND] = (oracle[None], clock(ids.device) - start)
             for method, budget in todo:
                 share = kept_share(self.compressors[method].select(scores[method][0], budget), positions)
                 metrics = share_metrics(share)
@@ -621,7 +599,7 @@ class Evaluator:
                         "task": task.name,
                         "sample": sample.id,
                         "method": method,
-                        "budget": budget_key(method, budget),
+                        "budget": budget_key(budget),
                         "setting": "aware",
                         "score": metrics[task.metric],
                         "metrics": metrics,

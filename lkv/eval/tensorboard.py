@@ -1,6 +1,4 @@
-"""TensorBoard event files: `lkv eval` runs per method, HParams sessions, captioned figures.
-
-Everything here writes plain TensorBoard protos through torch's event writer; nothing imports Lightning.
+"""TensorBoard event files of `lkv eval`: one run per method (the summaries themselves: :mod:`lkv.core.tensorboard`).
 
 Eval runs (:func:`write_eval_runs`), one run per method so that TensorBoard overlays the methods on each
 card::
@@ -23,20 +21,15 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from tensorboard.compat.proto.summary_pb2 import Summary
-from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.util.tensor_util import make_tensor_proto
-from torch.utils.tensorboard.summary import custom_scalars, hparams, image
+from torch.utils.tensorboard.summary import custom_scalars
 from torch.utils.tensorboard.writer import FileWriter
 
-from lkv.eval.cells import FULL, NO_BUDGET
+from lkv.core.tensorboard import scalar
+from lkv.eval.results import FULL, NO_BUDGET, budget_order, parse_budget_key
 
 # Keys of a summary cell that are not metrics.
 CELL_KEYS = ("task", "setting", "method", "budget", "n", "ci_low", "ci_high")
@@ -44,38 +37,16 @@ TOKENS_NOTE = (
     "Step = budget C (KV entries kept per head). FullKV keeps the whole cache and is drawn at every budget "
     "as a flat reference line."
 )
-SESSION_SUFFIX = ".session"  # event files that `rewrite_session` owns
 RATIO_NOTE = (
     "Step = budget as a ratio of the prompt × 1000 (250 = a quarter of the prompt's KV entries kept). "
     "FullKV is drawn at every budget as a flat reference line."
 )
 
 
-def scalar(tag: str, value: float, description: str = "") -> Summary:
-    """A scalar summary with a card description (TensorBoard shows it under the card's info icon).
-
-    Written as a tensor with the scalars plugin's metadata (TensorBoard's own summary format): TensorBoard's
-    default (Rust) loader drops the description of old-style ``simple_value`` scalars.
-    """
-    metadata = scalar_metadata.create_summary_metadata(display_name=tag, description=description)
-    tensor = make_tensor_proto(np.float32(value))
-    return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
-
-
-def figure_summary(tag: str, fig: Figure, description: str) -> Summary:
-    """An image summary of ``fig`` at its own size (pixels = inches × dpi), with a card description."""
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    pixels = np.asarray(canvas.buffer_rgba())[..., :3]  # (height, width, 3) uint8
-    summary = image(tag, pixels, dataformats="HWC")
-    summary.value[0].metadata.summary_description = description
-    return summary
-
-
-def _budget_axis(budget: str) -> tuple[str, int]:
-    """Tag suffix and step of a budget: whole tokens as they are, ratios (< 1) in thousandths of the prompt."""
-    value = float(budget)
-    return ("", int(value)) if value >= 1 else ("_ratio", round(1000 * value))
+def _budget_axis(key: str) -> tuple[str, int]:
+    """Tag suffix and step of a row's budget column: tokens as they are, ratios in thousandths of the prompt."""
+    budget = parse_budget_key(key)
+    return ("_ratio", round(1000 * budget.value)) if budget.is_ratio else ("", budget.value)
 
 
 def _metrics(cell: Mapping[str, Any]) -> list[str]:
@@ -109,7 +80,7 @@ def eval_points(summary: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[st
                     )
             continue
         shown = budgets.get((task, setting), set()) if cell["budget"] == FULL else {cell["budget"]}
-        for budget in sorted(shown, key=float):
+        for budget in sorted(shown, key=budget_order):
             suffix, step = _budget_axis(budget)
             note = TOKENS_NOTE if not suffix else RATIO_NOTE
             for name in _metrics(cell):
@@ -167,62 +138,3 @@ def write_eval_runs(summary: Sequence[Mapping[str, Any]], log_dir: str | Path) -
     staging.rename(log_dir)
     shutil.rmtree(old, ignore_errors=True)
     return [log_dir / method for method in points]
-
-
-def hparam_value(value: Any) -> str | float | int | bool:
-    """A value the HParams plugin can show: numbers, text and booleans as they are, lists joined by ``+``
-    (``[q_proj, v_proj]`` → ``q_proj+v_proj``), anything else as text."""
-    if isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return "+".join(str(hparam_value(v)) for v in value)
-    return str(value)
-
-
-def hparams_session(
-    params: Mapping[str, Any],
-    metrics: Iterable[str],
-    domains: Mapping[str, Sequence[Any]] | None = None,
-) -> list[Summary]:
-    """The HParams plugin's experiment, session-start and session-end summaries of one run.
-
-    The plugin takes each metric's value from the run's own scalar of that tag (its last step), so the
-    metrics are named here, never logged as extra points.
-
-    Args:
-        params: hyper-parameter name → value (passed through :func:`hparam_value`).
-        metrics: scalar tags that are this run's results, e.g. ``val/recall@64``.
-        domains: hyper-parameter name → every value it takes (a sweep's grid), shown as a discrete domain.
-    """
-    values = {name: hparam_value(v) for name, v in params.items()}
-    discrete = {
-        name: [hparam_value(v) for v in options]
-        for name, options in (domains or {}).items()
-        if name in values and all(type(hparam_value(v)) is type(values[name]) for v in options)
-    }
-    experiment, start, end = hparams(values, dict.fromkeys(metrics, 0.0), discrete)
-    return [experiment, start, end]
-
-
-def rewrite_session(
-    run: str | Path,
-    params: Mapping[str, Any],
-    metrics: Sequence[str],
-    scalars: Mapping[str, float],
-    domains: Mapping[str, Sequence[Any]] | None = None,
-) -> None:
-    """(Re)write the one event file of ``run`` that this function owns (suffix ``.session``): an HParams
-    session (:func:`hparams_session`) and ``scalars`` at step 0 — results measured outside the run's own
-    logging, e.g. a sweep point's eval scores. Earlier ``.session`` files of ``run`` are removed first, so a
-    rewrite never adds points; the run's other event files are left alone."""
-    run = Path(run)
-    for old in run.glob(f"events.out.tfevents.*{SESSION_SUFFIX}"):
-        old.unlink()
-    writer = FileWriter(str(run), filename_suffix=SESSION_SUFFIX)
-    try:
-        for summary in hparams_session(params, metrics, domains):
-            writer.add_summary(summary, 0)
-        for tag, value in scalars.items():
-            writer.add_summary(scalar(tag, value), 0)
-    finally:
-        writer.close()

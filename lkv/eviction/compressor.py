@@ -21,7 +21,7 @@
     Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
 
 The flow of one prompt (docs/design.md §1): prefill (with the press's capture, if any) → ``press.score`` →
-:func:`~lkv.eviction.presses.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
+:func:`~lkv.eviction.selector.select_indices` → :func:`~lkv.core.cache.gather_cache` (the K/V tensors shrink
 to the budget) → decode with position ids continuing from the uncompressed prompt length. With a decode-time
 policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while the answer is generated.
 """
@@ -30,143 +30,33 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
+from lkv.core.budget import Budget
+from lkv.core.cache import cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question, render_chat
 from lkv.core.clock import clock
-from lkv.core.compat import cache_kwargs
-from lkv.core.generation import GREEDY, CacheUpkeep, Sampling, StopStrings, decode, eos_ids, prefill
-from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
-from lkv.eviction.presses import LookaheadKVPress, Press, PressContext, check_pooling
-from lkv.eviction.presses.selector import (
-    SAFEGUARD,
-    HeadBudget,
-    budget_tokens,
-    check_budget,
-    check_head_budget,
-    select_indices,
+from lkv.core.generation import (
+    GREEDY,
+    CacheUpkeep,
+    Sampling,
+    StopStrings,
+    answer_text,
+    append_tokens,
+    decode,
+    eos_ids,
+    prefill,
 )
+from lkv.eviction.decoding import CacheTrace, DecodePolicy, DecodeStart, DecodeTimePress
+from lkv.eviction.presses import Press, PressContext
+from lkv.eviction.records import CompressedPrompt, Generation, ScoredPrompt, answer_record
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import DEFAULT_SELECTION, Selection, select_indices
 from lkv.eviction.streamed import streamed_compress
-from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.lookahead import exported_base_model
 
 Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
-
-
-@dataclass
-class CompressedPrompt:
-    """A prompt's cache after eviction, ready to decode from (or to append a question to).
-
-    Attributes:
-        cache: the (compressed) cache; layer ``l`` holds ``(1, kv_heads, C_l, head_dim)``.
-        next_logits: ``(1, vocab)`` logits after the last prompt token.
-        prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``.
-        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending; ``-1``: a padding slot of an
-            ``adaptive`` head budget), or ``None`` when nothing was evicted.
-        scores: the press's ``(1, layers, kv_heads, S)`` scores, or ``None`` when nothing was evicted.
-        kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction (allocated:
-            padding slots of an ``adaptive`` head budget included).
-        prefill_s, eviction_s: seconds spent in the prefill and in scoring + selection + gathering.
-        budget: the requested tokens per KV head (``None``: not compressed to a budget).
-        layer_budgets: the method's tokens per KV head in each layer for that budget.
-    """
-
-    cache: DynamicCache
-    next_logits: torch.Tensor
-    prompt_len: int
-    kept: list[torch.Tensor] | None
-    scores: torch.Tensor | None
-    kv_bytes_full: int
-    kv_bytes_kept: int
-    prefill_s: float
-    eviction_s: float
-    budget: int | None = None
-    layer_budgets: list[int] | None = None
-
-    @property
-    def kept_per_layer(self) -> list[float]:
-        """Cached prompt entries per KV head in each layer (the mean over heads; padding slots not counted)."""
-        if self.kept is None:
-            return [self.prompt_len] * len(self.cache.layers)
-        return [int((index >= 0).sum()) / index.shape[1] for index in self.kept]
-
-
-@dataclass
-class ScoredPrompt:
-    """A prefilled prompt and its press's scores, before eviction (one prefill serves many budgets).
-
-    Attributes:
-        ids: ``(1, S)`` prompt tokens.
-        cache: the full prompt cache, ``S`` entries per layer.
-        next_logits: ``(1, vocab)`` logits after the last prompt token.
-        scores: ``(1, layers, kv_heads, S)``, or ``None`` when scoring was skipped (nothing to evict).
-        kv_bytes_full: bytes of the full cache's key/value tensors.
-        prefill_s, score_s: seconds of the prefill and of ``press.score``.
-    """
-
-    ids: torch.Tensor
-    cache: DynamicCache
-    next_logits: torch.Tensor
-    scores: torch.Tensor | None
-    kv_bytes_full: int
-    prefill_s: float
-    score_s: float
-
-    @property
-    def prompt_len(self) -> int:
-        return self.ids.shape[1]
-
-
-@dataclass
-class Generation:
-    """One generated answer and what producing it cost.
-
-    Attributes:
-        text: decoded answer (special tokens skipped, cut before the first stop string).
-        token_ids: generated tokens (an ending EOS included).
-        finish_reason: ``eos``, ``stop`` (a stop string) or ``length`` (``max_new_tokens`` reached).
-        prompt_tokens: tokens the model read before answering (context + question in the agnostic setting).
-        kept_per_layer: cached prompt entries per KV head in each layer after eviction (mean over the heads).
-        kv_bytes_full, kv_bytes_kept: prompt K/V bytes before and after eviction.
-        prefill_s, eviction_s, question_s, decode_s: seconds per phase (``question_s``: appending the
-            question to a compressed context, 0 when question-aware).
-        cache_lengths: the most entries per KV head any layer held before decoding, then after each generated
-            token's forward pass (and the decode-time policy's eviction, if any).
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    prompt_tokens: int
-    kept_per_layer: list[float]
-    kv_bytes_full: int
-    kv_bytes_kept: int
-    prefill_s: float
-    eviction_s: float
-    question_s: float = 0.0
-    decode_s: float = 0.0
-    cache_lengths: list[int] = field(default_factory=list)
-
-    @property
-    def ttft_s(self) -> float:
-        """Time to first token: prefill + eviction (+ appending the question)."""
-        return self.prefill_s + self.eviction_s + self.question_s
-
-    def summary(self) -> str:
-        """One line of the numbers above."""
-        kept = sum(self.kept_per_layer) / len(self.kept_per_layer)
-        return (
-            f"kept {kept:.0f} tokens per head on average (KV {self.kv_bytes_kept / 2**20:.2f} of "
-            f"{self.kv_bytes_full / 2**20:.2f} MiB); prefill {self.prefill_s:.2f} s, eviction "
-            f"{self.eviction_s:.2f} s, question {self.question_s:.2f} s, decode {self.decode_s:.2f} s for "
-            f"{len(self.token_ids)} tokens ({self.finish_reason})"
-        )
 
 
 class Compressor:
@@ -176,9 +66,14 @@ class Compressor:
         model: a causal LM prepared with :func:`lkv.core.attention.install_capture` (as ``load_backbone`` returns).
         tokenizer: needed for text prompts and decoded answers; ``None`` works with token ids.
         press: an eviction method, or its name in :data:`lkv.eviction.registry.METHODS`.
-        budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``).
-        sink, recent: leading / trailing prompt tokens always kept, on top of the method's own.
-        kernel, pooling: optional 1-D pooling of the scores before selection (odd kernel; ``POOLING_MODES``).
+        budget: tokens kept per KV head (``int``, paper) or a ratio of the prompt in ``(0, 1]`` (``float``), or
+            a checked :class:`~lkv.core.budget.Budget`.
+        selection: the selector's settings (:class:`~lkv.eviction.selector.Selection`): leading / trailing
+            prompt tokens always kept on top of the method's own, optional 1-D pooling of the scores, and how a
+            layer's budget is spread over its KV heads: ``equal`` (every head keeps ``C``, the paper's) or
+            ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads`` entries, spread over its heads by score). A
+            layer is then gathered to its widest head's count and the other heads' padding slots are masked
+            (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
         decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
         streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
@@ -187,11 +82,6 @@ class Compressor:
             :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
         enable_thinking: the chat template's variable for text prompts, contexts and questions
             (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
-        head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps
-            ``C · kv_heads`` entries, spread over its heads by score; :mod:`lkv.eviction.presses.selector`). A
-            layer is then gathered to its widest head's count and the other heads' padding slots are masked
-            (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
-        safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``, 0.20).
     """
 
     def __init__(
@@ -199,16 +89,11 @@ class Compressor:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None = None,
         press: Press | str = "snapkv",
-        budget: int | float = 128,
-        sink: int = 0,
-        recent: int = 0,
-        kernel: int = 1,
-        pooling: str = "max",
+        budget: Budget | int | float = 128,
+        selection: Selection = DEFAULT_SELECTION,
         decode_policy: DecodePolicy | None = None,
         streamed: bool = False,
         enable_thinking: bool = False,
-        head_budget: HeadBudget = "equal",
-        safeguard: float = SAFEGUARD,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -221,21 +106,16 @@ class Compressor:
                 )
             decode_policy = self.press.decode_policy
         self.decode_policy = decode_policy
-        check_head_budget(head_budget, safeguard)
-        if head_budget != "equal" and decode_policy is not None:
+        if selection.head_budget != "equal" and decode_policy is not None:
             raise ValueError(
-                f"head_budget={head_budget!r} cannot go with the decode-time policy {decode_policy.name}, which "
-                "keeps the same number of entries in every head while it decodes"
+                f"head_budget={selection.head_budget!r} cannot go with the decode-time policy "
+                f"{decode_policy.name}, which keeps the same number of entries in every head while it decodes"
             )
-        self.head_budget, self.safeguard = head_budget, safeguard
-        self.budget = check_budget(budget)
-        if sink < 0 or recent < 0:
-            raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
-        check_pooling(kernel, pooling)
-        self.sink, self.recent, self.kernel, self.pooling = sink, recent, kernel, pooling
+        self.selection = selection
+        self.budget = Budget.of(budget)
         self.streamed = streamed
         self.enable_thinking = enable_thinking
-        self.eos_token_ids = eos_ids(model, tokenizer) if tokenizer is not None else _model_eos(model)
+        self.eos_token_ids = eos_ids(model, tokenizer)
 
     @property
     def device(self) -> torch.device:
@@ -267,9 +147,9 @@ class Compressor:
             raise ValueError("the prompt is empty: there is nothing to prefill or compress")
         return ids
 
-    def layer_budgets(self, budget: int | float, prompt_len: int) -> list[int]:
+    def layer_budgets(self, budget: Budget | int | float, prompt_len: int) -> list[int]:
         """Entries per KV head each layer keeps for ``budget`` (the press may spread it over layers)."""
-        tokens = budget_tokens(budget, prompt_len)
+        tokens = Budget.of(budget).tokens(prompt_len)
         return self.press.layer_budgets(tokens, prompt_len, self.model.config.num_hidden_layers)
 
     def score(self, prompt: Prompt) -> ScoredPrompt:
@@ -300,25 +180,25 @@ class Compressor:
         )
 
     def evict(
-        self, scored: ScoredPrompt, budget: int | float | None = None, in_place: bool = False
+        self, scored: ScoredPrompt, budget: Budget | int | float | None = None, in_place: bool = False
     ) -> CompressedPrompt:
         """Keep the top-``C`` entries per (layer, KV head) of a scored prompt.
 
         Args:
-            budget: tokens per KV head or a ratio; default: the Compressor's budget.
+            budget: tokens per KV head or a ratio (:class:`~lkv.core.budget.Budget`); default: the
+                Compressor's budget.
             in_place: shrink ``scored.cache`` itself (then ``scored`` serves no other budget). Otherwise
                 ``scored.cache`` stays whole and the kept entries are gathered into a new cache: a full copy
                 is made only when nothing is evicted (the answer then grows a cache of its own).
         """
-        budget = self.budget if budget is None else check_budget(budget)
-        tokens = budget_tokens(budget, scored.prompt_len)
+        budget = self.budget if budget is None else Budget.of(budget)
         budgets = self.layer_budgets(budget, scored.prompt_len)
         start = clock(self.device)
         kept = None
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            kept = self.select(scored.scores, budget)
+            kept = self.select(scored.scores, budget, budgets)
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
@@ -333,32 +213,33 @@ class Compressor:
             kv_bytes_kept=cache_bytes(cache),
             prefill_s=scored.prefill_s,
             eviction_s=scored.score_s + evicted - start,
-            budget=tokens,
             layer_budgets=budgets,
+            budget=budget,
         )
 
-    def select(self, scores: torch.Tensor, budget: int | float) -> list[torch.Tensor]:
+    def select(
+        self, scores: torch.Tensor, budget: Budget | int | float, layer_budgets: list[int] | None = None
+    ) -> list[torch.Tensor]:
         """The positions an eviction to ``budget`` keeps: per layer ``(1, kv_heads, C_l)``, ascending (under
         ``head_budget="adaptive"`` a shorter head's row ends in ``-1`` padding: :func:`select_indices`).
 
         Args:
             scores: the press's ``(1, layers, kv_heads, S)`` scores of a prompt of ``S`` tokens.
+            layer_budgets: ``C_l`` per layer when already derived (default: :meth:`layer_budgets`).
         """
-        prompt_len = scores.shape[-1]
-        sink, recent = self._protected(prompt_len, budget_tokens(budget, prompt_len))
-        budgets = self.layer_budgets(budget, prompt_len)
-        return select_indices(
-            scores, budgets, sink, recent, self.kernel, self.pooling, self.head_budget, self.safeguard
-        )
+        prompt_len, budget = scores.shape[-1], Budget.of(budget)
+        if layer_budgets is None:
+            layer_budgets = self.layer_budgets(budget, prompt_len)
+        return select_indices(scores, layer_budgets, self._selection(prompt_len, budget))
 
-    def _protected(self, prompt_len: int, tokens: int) -> tuple[int, int]:
-        """``(sink, recent)`` the selector always keeps: the method's own, the policy's, the user's."""
-        sink, recent = self.press.protected(prompt_len)
+    def _selection(self, prompt_len: int, budget: Budget) -> Selection:
+        """The selector's settings with every window it must keep: the method's own, the policy's, the user's."""
+        selection = self.selection.protecting(*self.press.protected(prompt_len))
         if isinstance(self.press, DecodeTimePress):
             # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
-            policy_sink, policy_recent = self.press.decode_policy.prompt_window(tokens)
-            sink, recent = max(sink, policy_sink), max(recent, policy_recent)
-        return max(sink, self.sink), max(recent, self.recent)
+            policy = self.press.decode_policy
+            selection = selection.protecting(*policy.prompt_window(budget.tokens(prompt_len)))
+        return selection
 
     def compress(self, prompt: Prompt) -> CompressedPrompt:
         """Prefill ``prompt`` and evict down to the budget (nothing is evicted when it fits; nothing is scored
@@ -372,21 +253,14 @@ class Compressor:
         return self.evict(self._score(ids, with_scores=with_scores), in_place=True)
 
     def _compress_streamed(self, ids: torch.Tensor, budgets: list[int]) -> CompressedPrompt:
-        tokens = budget_tokens(self.budget, ids.shape[1])
-        sink, recent = self._protected(ids.shape[1], tokens)
         out = streamed_compress(
             self.model,
             self.press,
             ids,
             budgets,
-            sink,
-            recent,
-            self.kernel,
-            self.pooling,
+            self._selection(ids.shape[1], self.budget),
             keep_scores=self.decode_policy is not None,  # a decode-time policy may seed from them
             clock=lambda: clock(self.device),
-            head_budget=self.head_budget,
-            safeguard=self.safeguard,
         )
         return CompressedPrompt(
             cache=out.cache,
@@ -398,8 +272,8 @@ class Compressor:
             kv_bytes_kept=cache_bytes(out.cache),
             prefill_s=out.prefill_s,
             eviction_s=out.eviction_s,
-            budget=tokens,
             layer_budgets=budgets,
+            budget=self.budget,
         )
 
     def compress_context(self, context: str | Sequence[int] | torch.Tensor) -> CompressedPrompt:
@@ -527,101 +401,4 @@ class Compressor:
         )
         decode_s = clock(self.device) - start
         text, reason = answer_text(self.tokenizer, tokens, self.eos_token_ids, stopper)
-        return Generation(
-            text=text,
-            token_ids=tokens,
-            finish_reason=reason,
-            prompt_tokens=position,
-            kept_per_layer=compressed.kept_per_layer,
-            kv_bytes_full=compressed.kv_bytes_full,
-            kv_bytes_kept=compressed.kv_bytes_kept,
-            prefill_s=compressed.prefill_s,
-            eviction_s=compressed.eviction_s,
-            question_s=question_s,
-            decode_s=decode_s,
-            cache_lengths=list(upkeep.trace),
-        )
-
-
-def answer_text(
-    tokenizer: PreTrainedTokenizerBase | None,
-    tokens: list[int],
-    eos_token_ids: Sequence[int],
-    stopper: StopStrings | None = None,
-) -> tuple[str, str]:
-    """``(text, finish_reason)`` of generated ``tokens``: special tokens skipped, the text cut before the first
-    stop string; the reason is ``eos``, ``stop`` (a stop string) or ``length``."""
-    text = "" if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
-    if tokens[-1] in eos_token_ids:
-        return text, "eos"
-    if stopper is not None and stopper(tokens):
-        return stopper.truncate(text), "stop"
-    return text, "length"
-
-
-@torch.no_grad()
-def append_tokens(
-    model: PreTrainedModel,
-    cache: DynamicCache,
-    ids: torch.Tensor,
-    position: int,
-    upkeep: CacheUpkeep | None = None,
-) -> torch.Tensor:
-    """Run ``ids (1, n)`` on top of ``cache`` at positions ``position..position+n-1``; next-token logits ``(1, vocab)``.
-
-    transformers sizes the causal mask from the cache (query offset = cached entries), so a block appended
-    to a uniformly compressed cache gets the right mask whatever its positions. Layers of different lengths
-    (PyramidKV) need a mask per layer, so such a cache takes the block one token at a time.
-
-    A decode-time policy's ``upkeep`` observes every forward pass (nothing is evicted here: call its
-    ``enforce`` afterwards).
-    """
-    ragged = isinstance(cache, CompressedCache) and cache.is_ragged
-    steps = [ids[:, i : i + 1] for i in range(ids.shape[1])] if ragged else [ids]
-    offset = position
-    for block in steps:
-        positions = torch.arange(offset, offset + block.shape[1], device=ids.device)[None]
-        extra = {} if upkeep is None else upkeep.forward_kwargs(generating=False)
-        out = model(
-            input_ids=block,
-            position_ids=positions,
-            **cache_kwargs(cache),
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
-        if upkeep is not None:
-            upkeep.observe()
-        offset += block.shape[1]
-    return out.logits[:, -1].float()
-
-
-def _model_eos(model: PreTrainedModel) -> list[int]:
-    found = model.generation_config.eos_token_id if model.generation_config is not None else None
-    return [] if found is None else sorted(set(found if isinstance(found, list) else [found]))
-
-
-def load_lookahead(
-    adapter: str | Path,
-    model: str | None = None,
-    dtype: str = "float32",
-    attn_implementation: str = "sdpa",
-    device: str | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LookaheadKVPress]:
-    """``(base model, tokenizer, press)`` for a trained lookahead module in an ``lkv export`` folder.
-
-    Args:
-        adapter: an ``lkv export`` folder (:func:`lkv.train.export.resolve_adapter` turns an ``lkv fit``
-            checkpoint into one).
-        model: the base model; default: the one the folder was exported from, else ``smollm2-135m``.
-    """
-    path = Path(adapter)
-    if not path.is_dir():
-        raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
-    net, tokenizer = load_backbone(
-        model or exported_base_model(path) or DEFAULT_MODEL,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        device=device,
-    )
-    return net, tokenizer, LookaheadKVPress.from_folder(path, net)
+        return answer_record(compressed, text, tokens, reason, position, question_s, decode_s, upkeep.trace)

@@ -2,7 +2,9 @@
 
 ``make_method("snapkv", window=16)`` builds a method by name. :data:`METHODS` is the single source of the
 method names that the CLI accepts, of the default method list of ``lkv eval`` (:data:`DEFAULT_METHODS`)
-and of the method table in docs/evaluation.md (:func:`method_table`, checked by a test).
+and of the method table in docs/evaluation.md (:func:`method_table`, checked by a test). What evaluation and
+the commands must know about a method beyond its press (the reference, the upper bound, what it needs, whether
+it evicts, whether it ranks) is data here too (:class:`Roles`, :func:`roles_of`), not string checks there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,30 @@ from lkv.eviction.presses import (
     TOVAPress,
 )
 
+Role = Literal["method", "reference", "upper bound"]
+Requirement = Literal["", "adapter", "probe"]
+
+
+@dataclass(frozen=True)
+class Roles:
+    """A method's part in an evaluation, beside its press.
+
+    Attributes:
+        role: ``method``; ``reference`` (FullKV: evicts nothing, its answer is what every method is compared
+            with, its rows carry no budget); ``upper bound`` (the Oracle: scored from the reference's own
+            answer, so its scores come from the answer, not from a press on the prompt).
+        requires: what the method needs beside the model: ``adapter`` (a trained lookahead module; every
+            ``<name>:<module>`` of it, e.g. ``lookaheadkv:s1`` of ``lkv eval --adapters``, is the same method on
+            another module), ``probe``, or nothing.
+        evicts: False for a method that keeps the whole cache (FullKV, Quest): no baseline to beat.
+        unranked: why the importance task has no ranking of the method to score ("": it has one).
+    """
+
+    role: Role = "method"
+    requires: Requirement = ""
+    evicts: bool = True
+    unranked: str = ""
+
 
 @dataclass(frozen=True)
 class Method:
@@ -44,6 +70,7 @@ class Method:
         summary: one line for the docs' method table.
         default: part of ``lkv eval``'s default method list.
         needs: what else the method needs, if anything (shown in the table).
+        roles: its part in an evaluation (:class:`Roles`).
     """
 
     name: str
@@ -52,16 +79,24 @@ class Method:
     summary: str
     default: bool = True
     needs: str = ""
+    roles: Roles = Roles()
 
 
 _REGISTERED = (
-    Method("fullkv", FullKVPress, "prefill", "no eviction: the reference every method is compared with"),
+    Method(
+        "fullkv",
+        FullKVPress,
+        "prefill",
+        "no eviction: the reference every method is compared with",
+        roles=Roles("reference", evicts=False, unranked="keeps everything"),
+    ),
     Method(
         "oracle",
         OraclePress,
         "prefill",
         "s_GT of the model's own full-cache answer (an upper bound, not a method)",
         needs="the full-cache answer",
+        roles=Roles("upper bound", unranked="is the ground truth itself"),
     ),
     Method(
         "lookaheadkv",
@@ -69,6 +104,7 @@ _REGISTERED = (
         "prefill",
         "the trained lookahead module predicts the future response's attention, max-pooled over 7 positions (kernel 1: unpooled)",
         needs="an adapter (`--adapter`)",
+        roles=Roles(requires="adapter"),
     ),
     Method(
         "probe",
@@ -77,6 +113,7 @@ _REGISTERED = (
         "a per-token probe (KVzap-style) on each layer's hidden states, trained on the same labels",
         default=False,
         needs="a probe (`--probe`)",
+        roles=Roles(requires="probe"),
     ),
     Method(
         "snapkv",
@@ -85,7 +122,11 @@ _REGISTERED = (
         "attention of the last `window` prompt queries, 1-D pooled; window kept",
     ),
     Method(
-        "pyramidkv", PyramidKVPress, "prefill", "SnapKV scores with budgets shrinking with depth, same total"
+        "pyramidkv",
+        PyramidKVPress,
+        "prefill",
+        "SnapKV scores with budgets shrinking with depth, same total",
+        roles=Roles(unranked="ranks like SnapKV (only its per-layer budgets differ)"),
     ),
     Method("streamingllm", StreamingLLMPress, "prefill", "the first `sink` tokens plus the most recent ones"),
     Method("h2o", H2OPress, "prefill", "attention accumulated over every prompt query, plus a recent window"),
@@ -137,12 +178,44 @@ _REGISTERED = (
         "decode",
         "Scissorhands: unimportant-token counts, evicted while decoding",
     ),
-    Method("quest", quest, "decode", "Quest page selection per step; keeps the full cache (no memory saved)"),
+    Method(
+        "quest",
+        quest,
+        "decode",
+        "Quest page selection per step; keeps the full cache (no memory saved)",
+        roles=Roles(
+            evicts=False,
+            unranked="evicts nothing (it selects pages of the full cache at every decoding step)",
+        ),
+    ),
 )
 METHODS: dict[str, Method] = {method.name: method for method in _REGISTERED}
 DEFAULT_METHODS: tuple[str, ...] = tuple(method.name for method in _REGISTERED if method.default)
 # The registered names as a type: the CLI lists them as the choices of `--method` / `--methods`.
 MethodName = Literal[tuple(METHODS)]
+
+
+def _only(**roles: object) -> str:
+    (name,) = (m.name for m in _REGISTERED if all(getattr(m.roles, k) == v for k, v in roles.items()))
+    return name
+
+
+REFERENCE = _only(role="reference")
+"""The reference method's name (FullKV's ``fullkv``): the answer every method is compared with."""
+UPPER_BOUND = _only(role="upper bound")
+"""The upper bound's name (the Oracle's ``oracle``): scored from the reference's answer."""
+ADAPTER_METHOD = _only(requires="adapter")
+"""The method of a trained lookahead module (``lookaheadkv``); ``lookaheadkv:<name>`` names another module."""
+PROBE_METHOD = _only(requires="probe")
+"""The method of a trained per-token probe (``probe``)."""
+
+
+def roles_of(name: str) -> Roles:
+    """The :class:`Roles` of the method evaluated as ``name``: a registered name, ``<name>:<module>`` (another
+    trained module of a registered method, e.g. ``lookaheadkv:s1``), or any other name (a press evaluated under
+    a name of its own: a plain method)."""
+    method = METHODS.get(name) or METHODS.get(name.partition(":")[0] if ":" in name else "")
+    return Roles() if method is None else method.roles
 
 
 def make_method(name: str, **settings) -> Press:

@@ -32,7 +32,7 @@ from lkv.core.attention import CAPTURE_KWARG
 from lkv.core.cache import CompressedCache, gather_layer, layer_bytes, token_bytes
 from lkv.core.generation import prefill
 from lkv.eviction.presses.base import LayerScorer, Press, StreamContext
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, check_head_budget, select_indices
+from lkv.eviction.selector import DEFAULT_SELECTION, Selection, select_indices
 
 
 @dataclass
@@ -73,12 +73,12 @@ class LayerEvictor:
         ids: ``(1, S)`` prompt tokens.
         cache: the empty cache the prompt is prefilled into.
         budgets: ``C_l`` per layer (``press.layer_budgets``); ``C_l ≥ S`` keeps the layer whole.
-        sink, recent, kernel, pooling: the selector's options (:func:`select_indices`), merged with the
+        selection: the selector's settings (:class:`~lkv.eviction.selector.Selection`), merged with the
             press's own protected window by the caller.
         keep_scores: also keep every layer's ``(1, kv_heads, S)`` scores (:attr:`scores`).
         clock: timer for :attr:`seconds`.
-        head_budget, safeguard, width: how each layer's budget is spread over its KV heads
-            (:func:`select_indices`; ``adaptive`` gathers each layer to its widest head, or to ``width``).
+        width: under an ``adaptive`` head budget, gather each layer to this many slots instead of to its
+            widest head's count (:func:`select_indices`).
     """
 
     def __init__(
@@ -88,17 +88,11 @@ class LayerEvictor:
         ids: torch.Tensor,
         cache: DynamicCache,
         budgets: Sequence[int],
-        sink: int = 0,
-        recent: int = 0,
-        kernel: int = 1,
-        pooling: str = "max",
+        selection: Selection = DEFAULT_SELECTION,
         keep_scores: bool = False,
         clock: Callable[[], float] = time.perf_counter,
-        head_budget: HeadBudget = "equal",
-        safeguard: float = SAFEGUARD,
         width: int | None = None,
     ) -> None:
-        check_head_budget(head_budget, safeguard)
         if not press.streamable:
             raise ValueError(f"{press.name} has no layer-streamed eviction; use the two-phase path")
         self.num_layers = len(model.get_decoder().layers)
@@ -106,7 +100,7 @@ class LayerEvictor:
             raise ValueError(f"got {len(budgets)} layer budgets for {self.num_layers} decoder layers")
         self.capture = press.prefill_capture(ids.shape[1])
         self.cache, self.budgets, self.clock, self.keep_scores = cache, list(budgets), clock, keep_scores
-        self.options = (sink, recent, kernel, pooling, head_budget, safeguard, width)
+        self.selection, self.width = selection, width
         self.scorer: LayerScorer = press.layer_scorer(StreamContext(model, ids, cache, self.capture))
         self.kept: list[torch.Tensor] = []
         self.scores: list[torch.Tensor] = []
@@ -133,7 +127,7 @@ class LayerEvictor:
         try:
             self.kv_bytes_full += layer_bytes(self.cache.layers[layer_idx])
             scores = self.scorer(layer_idx)
-            index = select_indices(scores[:, None], [self.budgets[layer_idx]], *self.options)[0]
+            index = select_indices(scores[:, None], [self.budgets[layer_idx]], self.selection, self.width)[0]
         finally:
             self.busy = False
         self.kept.append(index)
@@ -168,35 +162,16 @@ def streamed_compress(
     press: Press,
     ids: torch.Tensor,
     budgets: Sequence[int],
-    sink: int = 0,
-    recent: int = 0,
-    kernel: int = 1,
-    pooling: str = "max",
+    selection: Selection = DEFAULT_SELECTION,
     keep_scores: bool = False,
     clock: Callable[[], float] = time.perf_counter,
-    head_budget: HeadBudget = "equal",
-    safeguard: float = SAFEGUARD,
 ) -> StreamedEviction:
     """Prefill ``ids (1, S)`` layer by layer, cutting each layer to its budget before the next one runs.
 
     Args: as :class:`LayerEvictor` (``clock``: the Compressor's waits for queued GPU work).
     """
     cache = DynamicCache(config=model.config)
-    evictor = LayerEvictor(
-        model,
-        press,
-        ids,
-        cache,
-        budgets,
-        sink,
-        recent,
-        kernel,
-        pooling,
-        keep_scores,
-        clock,
-        head_budget=head_budget,
-        safeguard=safeguard,
-    )
+    evictor = LayerEvictor(model, press, ids, cache, budgets, selection, keep_scores, clock)
     layers = model.get_decoder().layers
     handles = [layer.register_forward_hook(partial(evictor.hook, i)) for i, layer in enumerate(layers)]
     start = clock()

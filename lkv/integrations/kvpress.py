@@ -38,7 +38,7 @@ from transformers import PreTrainedModel
 from lkv.core.attention import install_capture
 from lkv.core.cache import gather_layer
 from lkv.eviction.presses import LookaheadKVPress, Press
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, adaptive_width, check_head_budget
+from lkv.eviction.selector import DEFAULT_SELECTION, Selection, adaptive_width
 from lkv.eviction.streamed import LayerEvictor
 
 # the cache keyword kvpress's pipeline passes (transformers < 5.24), and the one newer transformers reads
@@ -54,27 +54,21 @@ class LkvPress(BasePress):
             (:func:`lookahead_press`).
         compression_ratio: the fraction of the context's entries to drop, kvpress's convention: each KV head
             of each layer keeps ``C = max(1, int(S · (1 − ratio)))``; 0 compresses nothing.
-        sink, recent, kernel, pooling: lkv's selector options on top of the press's own protected window
-            (:func:`~lkv.eviction.presses.selector.select_indices`).
-        head_budget, safeguard: ``adaptive`` spreads each layer's ``C · kv_heads`` entries over its heads by
-            score (AdaKV, as kvpress's ``AdaKVPress``); ``safeguard`` is the share of ``C`` each head keeps.
+        selection: lkv's selector settings (:class:`~lkv.eviction.selector.Selection`) on top of the press's
+            own protected window; its ``head_budget="adaptive"`` spreads each layer's ``C · kv_heads`` entries
+            over its heads by score (AdaKV, as kvpress's ``AdaKVPress``), each head keeping ``safeguard · C``.
 
     Every layer must keep the same count: kvpress's pipeline appends the question as one block, which a cache
     with layers of different lengths cannot mask (so PyramidKV's schedule is refused here). Under ``adaptive``
     head budgets every layer is therefore gathered to one width known before any layer is scored, the most
-    one head can keep (:func:`~lkv.eviction.presses.selector.adaptive_width`: ``C · kv_heads`` less the other
+    one head can keep (:func:`~lkv.eviction.selector.adaptive_width`: ``C · kv_heads`` less the other
     heads' safeguard, at most ``S``); the shorter heads' slots are masked (:mod:`lkv.core.cache`).
     kvpress's own ``AdaKVPress`` keeps all ``S`` entries and masks the evicted ones.
     """
 
     press: Press
     compression_ratio: float = 0.0
-    sink: int = 0
-    recent: int = 0
-    kernel: int = 1
-    pooling: str = "max"
-    head_budget: HeadBudget = "equal"
-    safeguard: float = SAFEGUARD
+    selection: Selection = DEFAULT_SELECTION
     _model: PreTrainedModel | None = field(default=None, init=False, repr=False)
     _evictor: LayerEvictor | None = field(default=None, init=False, repr=False)
 
@@ -86,7 +80,6 @@ class LkvPress(BasePress):
             )
         if not 0 <= self.compression_ratio < 1:
             raise ValueError(f"compression_ratio must be in [0, 1), got {self.compression_ratio}")
-        check_head_budget(self.head_budget, self.safeguard)
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         """Route the model's attention through lkv's capture (idempotent; outputs unchanged)."""
@@ -124,7 +117,6 @@ class LkvPress(BasePress):
                 f"{self.press.name} keeps different counts per layer ({min(budgets)}..{max(budgets)}); kvpress's "
                 "pipeline appends the question as one block, which needs every layer at the same length"
             )
-        own_sink, own_recent = self.press.protected(prompt_len)
         kv_heads = self._model.config.num_key_value_heads
         self._evictor = LayerEvictor(
             self._model,
@@ -132,13 +124,8 @@ class LkvPress(BasePress):
             ids,
             cache,
             budgets,
-            max(own_sink, self.sink),
-            max(own_recent, self.recent),
-            self.kernel,
-            self.pooling,
-            head_budget=self.head_budget,
-            safeguard=self.safeguard,
-            width=adaptive_width(budget, kv_heads, prompt_len, self.safeguard),
+            self.selection.protecting(*self.press.protected(prompt_len)),
+            width=adaptive_width(budget, kv_heads, prompt_len, self.selection.safeguard),
         )
         return args, {**kwargs, **self._evictor.forward_kwargs}
 

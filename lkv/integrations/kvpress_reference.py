@@ -44,13 +44,13 @@ from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
 from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.kvzip import template_parts
-from lkv.eviction.presses.selector import SAFEGUARD, HeadBudget, select_indices
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import DEFAULT_SELECTION, SAFEGUARD, Selection, select_indices
 
 
 @dataclass(frozen=True)
 class Check:
-    """One row group: a kvpress press, the lkv method + settings it is compared with, selector options.
+    """One row group: a kvpress press, the lkv method + settings it is compared with, selector settings.
 
     ``selection``: ``scores`` compares with the top-``C`` of kvpress's scores per head; ``press`` with the
     kept set kvpress's press chooses itself (AdaKV, KVzip's layer-wise selection).
@@ -60,9 +60,7 @@ class Check:
     kvpress: BasePress
     lkv: str
     settings: dict = field(default_factory=dict)
-    recent: int = 0  # lkv selector option (kvpress's TOVA always keeps the last token)
-    head_budget: HeadBudget = "equal"
-    safeguard: float = SAFEGUARD
+    selector: Selection = DEFAULT_SELECTION  # lkv's (kvpress's TOVA always keeps the last token: recent=1)
     selection: str = "scores"
 
 
@@ -103,9 +101,9 @@ def default_checks(template_sink: int, window: int = 64, kernel: int = 5) -> lis
             {**snap, "pooling": "avg_zero_pad", "beta": 20},
         ),
         Check("streamingllm", StreamingLLMPress(n_sink=4), "streamingllm", {"sink": 4}),
-        Check("tova", TOVAPress(), "tova", {}, recent=1),
+        Check("tova", TOVAPress(), "tova", {}, selector=Selection(recent=1)),
         Check("tova (no last-token keep)", TOVAPress(), "tova", {}),
-        Check("tova (kv_group)", TOVAPress(), "tova", {"ranking": "kv_group"}, recent=1),
+        Check("tova (kv_group)", TOVAPress(), "tova", {"ranking": "kv_group"}, selector=Selection(recent=1)),
         Check("h2o", ObservedAttentionPress(), "h2o", {"recent": 0}),
         Check(
             "h2o (visible_mean)", ObservedAttentionPress(), "h2o", {"recent": 0, "accumulate": "visible_mean"}
@@ -117,7 +115,7 @@ def default_checks(template_sink: int, window: int = 64, kernel: int = 5) -> lis
             AdaKVPress(SnapKVPress(window_size=window, kernel_size=kernel), alpha_safeguard=SAFEGUARD),
             "snapkv",
             zero_pad,
-            head_budget="adaptive",
+            selector=Selection(head_budget="adaptive"),
             selection="press",
         ),
         Check(
@@ -125,7 +123,7 @@ def default_checks(template_sink: int, window: int = 64, kernel: int = 5) -> lis
             AdaKVPress(SnapKVPress(window_size=window, kernel_size=kernel), alpha_safeguard=SAFEGUARD),
             "snapkv",
             {**snap, "pooling": "avg"},
-            head_budget="adaptive",
+            selector=Selection(head_budget="adaptive"),
             selection="press",
         ),
         Check("kvzip", KVzipPress(n_sink=template_sink, layerwise=True), "kvzip"),
@@ -133,8 +131,7 @@ def default_checks(template_sink: int, window: int = 64, kernel: int = 5) -> lis
             "kvzip (adaptive, layerwise)",
             KVzipPress(n_sink=template_sink, layerwise=True),
             "kvzip",
-            head_budget="adaptive",
-            safeguard=0.0,
+            selector=Selection(head_budget="adaptive", safeguard=0.0),
             selection="press",
         ),
         Check("kvzip (kvpress n_sink=4)", KVzipPress(n_sink=4, layerwise=True), "kvzip"),
@@ -318,16 +315,9 @@ def reference_overlaps(
                 kvzip[name] if kvzip is not None else kvpress_kept(recorder, check, prompt_len, budget)
             )
             layer_budgets = [
-                budget if check.head_budget == "adaptive" else index.shape[2] for index in reference
+                budget if check.selector.head_budget == "adaptive" else index.shape[2] for index in reference
             ]
-            kept = select_indices(
-                scores,
-                layer_budgets,
-                sink,
-                max(recent, check.recent),
-                head_budget=check.head_budget,
-                safeguard=check.safeguard,
-            )
+            kept = select_indices(scores, layer_budgets, check.selector.protecting(sink, recent))
             results[(check.label, name)] = overlaps(kept, reference)
     return results
 

@@ -6,7 +6,7 @@ prompt keys through an :class:`~lkv.core.attention.ImportanceCapture`, then crop
 adapter off again. :meth:`LookaheadAdapter.stream` computes the same, one layer at a time beside the prompt's
 prefill (layer-streamed eviction, :mod:`lkv.eviction.streamed`). Only the embeddings and the LoRA weights train; the LLM is frozen (docs/design.md §1).
 
-Several lookahead modules can share one frozen model (an in-run ablation, :mod:`lkv.train.ablation`): each one's
+Several lookahead modules can share one frozen model (an in-run ablation, :mod:`lkv.sweep.ablation`): each one's
 LoRA is a named peft adapter (``adapter_name``) on the same model, and each switches its own adapter on for its
 own lookahead step only.
 

@@ -25,11 +25,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from lkv.core.timing import Case, Timings, time_interleaved
 from lkv.perf import shape_memory
 from lkv.perf.memory import cuda_peak_bytes, subprocess_peak_bytes
 from lkv.perf.suites import SUITES
 from lkv.perf.suites.base import MIB, Measured
+from lkv.perf.timing import Case, Timings, time_interleaved
 from lkv.perf.workbench import BenchSettings, Workbench
 
 BENCHMARKS = tuple(SUITES)

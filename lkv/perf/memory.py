@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from lkv.core.timing import Case
+from lkv.perf.timing import Case
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -60,7 +60,7 @@ def subprocess_peak_bytes(
     """Peak resident bytes of one run of the case ``target(**kwargs)`` in a fresh CPU subprocess.
 
     Args:
-        target: ``"module:function"`` returning a :class:`~lkv.core.timing.Case`; ``kwargs`` must be JSON.
+        target: ``"module:function"`` returning a :class:`~lkv.perf.timing.Case`; ``kwargs`` must be JSON.
         threads: ``torch.set_num_threads`` in the subprocess (use the parent's, for comparable runs).
 
     Returns:

@@ -33,10 +33,11 @@ from transformers.optimization import (
 )
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
+from lkv.core.budget import token_budgets
 from lkv.core.generation import prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import importance_kl, ranking_metrics
-from lkv.eval.tensorboard import hparams_session
+from lkv.core.tensorboard import hparams_session
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import ModelSignature, model_signature
 from lkv.train.datamodule import Sample
@@ -73,7 +74,7 @@ class ImportanceModule(L.LightningModule):
 
     Attributes:
         share_prefill: return each step's prefills in its outputs (``outputs["prefills"]``, for sibling
-            lookahead modules: :class:`lkv.train.ablation.LookaheadAblation`); off, caches are freed at once.
+            lookahead modules: :class:`lkv.sweep.ablation.LookaheadAblation`); off, caches are freed at once.
         prediction_name: what the predicted importance is called in plots (``val/importance``).
     """
 
@@ -81,16 +82,12 @@ class ImportanceModule(L.LightningModule):
 
     def __init__(self, eval_budgets: Sequence[int]) -> None:
         super().__init__()
-        if not eval_budgets or min(eval_budgets) <= 0:
-            raise ValueError(
-                f"model.eval_budgets: expected positive budgets C (tokens), found {list(eval_budgets)}"
-            )
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False
         self.share_prefill = False
         self.tokenizer = None
         self.signature: ModelSignature | None = None
-        budgets = list(eval_budgets)
+        budgets = list(token_budgets(eval_budgets, "model.eval_budgets"))
         self.val_metrics = ranking_metrics(budgets, "val/")
         self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
         self.test_metrics = ranking_metrics(budgets, "test/")
@@ -245,7 +242,7 @@ class ImportanceModule(L.LightningModule):
 
     def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
         """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser
-        dict); sibling lookahead modules (:mod:`lkv.train.ablation`) get theirs from here too."""
+        dict); sibling lookahead modules (:mod:`lkv.sweep.ablation`) get theirs from here too."""
         hp = self.hparams
         optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
         if hp.scheduler == "cosine":

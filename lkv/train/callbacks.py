@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -21,8 +21,10 @@ from matplotlib.colors import LogNorm
 # pyplot-free figures: no GUI backend is selected and nothing global is left open.
 from matplotlib.figure import Figure
 
-from lkv.eval.tensorboard import figure_summary
+from lkv.core.budget import Budget, token_budgets
+from lkv.core.tensorboard import figure_summary
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+from lkv.model.lookahead import LookaheadAdapter
 
 # Colour floor of the heat maps: importance below 1e-5 (of a row summing to 1) shows as the lowest colour.
 _FLOOR = 1e-5
@@ -145,7 +147,7 @@ class NeedleEval(L.Callback):
 
         if every_n_steps <= 0:
             raise ValueError(f"NeedleEval: every_n_steps must be positive, got {every_n_steps}")
-        self.budgets = list(budgets)
+        self.budgets = list(token_budgets(budgets, "NeedleEval.budgets"))
         self.every_n_steps = every_n_steps
         self.task = NeedleTask(
             lengths=tuple(lengths),
@@ -162,7 +164,8 @@ class NeedleEval(L.Callback):
         self._next_step = trainer.global_step + self.every_n_steps
         if not trainer.is_global_zero:
             return
-        from lkv.eval.runner import Evaluator, budget_key
+        from lkv.eval.results import budget_key
+        from lkv.eval.runner import Evaluator
         from lkv.eviction.presses import FullKVPress, LookaheadKVPress
 
         press = LookaheadKVPress(pl_module.adapter)
@@ -178,7 +181,7 @@ class NeedleEval(L.Callback):
         )
         rows = evaluator.run([self.task])
         for method, budget in [("fullkv", None), *(("lookaheadkv", b) for b in self.budgets)]:
-            key = budget_key(method, budget)
+            key = budget_key(None if budget is None else Budget(budget))
             scores = [r["score"] for r in rows if r["method"] == method and r["budget"] == key]
             name = "val/needle_fullkv" if budget is None else f"val/needle@{budget}"
             pl_module.log(name, sum(scores) / len(scores), rank_zero_only=True)
@@ -190,11 +193,21 @@ class NeedleEval(L.Callback):
         self._next_step = state_dict["next_step"]
 
 
+@runtime_checkable
+class SiblingModules(Protocol):
+    """A callback that trains more lookahead modules in the same fit (:class:`lkv.sweep.ablation.LookaheadAblation`):
+    :class:`NeedleReach` evaluates each of them beside the module being trained."""
+
+    def siblings(self) -> dict[str, tuple[LookaheadAdapter, str]]:
+        """Sibling name (its method name in result rows) → (its module, the prefix of its logged metrics)."""
+        ...
+
+
 class NeedleReach(L.Callback):
     """Needle-token retention of the module being trained (and of its ablation siblings) at every validation.
 
     Runs :class:`lkv.eval.tasks.NeedleTokenTask` on ``needles`` — prefill only, no answer decoded but the
-    Oracle's — with the live adapter as ``lookaheadkv``, each sibling of a :class:`lkv.train.ablation.LookaheadAblation`
+    Oracle's — with the live adapter as ``lookaheadkv``, each sibling of a :class:`SiblingModules` callback
     in the same fit under its point name, and the Oracle. Logged (global rank 0), per budget ``C``:
     ``val/needle_kept@C`` (the share of the value's tokens kept, mean over samples and (layer, KV head)),
     ``ablation/<point>/val/needle_kept@C`` for siblings and ``val/oracle_needle_kept@C``. Rows go to
@@ -211,26 +224,22 @@ class NeedleReach(L.Callback):
 
         if not isinstance(needles, NeedleFamilyTask):
             raise TypeError(f"NeedleReach.needles: expected a NeedleFamilyTask, got {type(needles).__name__}")
-        if not budgets or min(budgets) <= 0:
-            raise ValueError(f"NeedleReach.budgets: expected positive token counts, got {list(budgets)}")
         self.task = NeedleTokenTask(needles)
-        self.budgets = list(budgets)
+        self.budgets = list(token_budgets(budgets, "NeedleReach.budgets"))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         from lkv.eval.runner import Evaluator
         from lkv.eviction.presses import LookaheadKVPress, OraclePress
-        from lkv.train.ablation import PREFIX, LookaheadAblation
 
         presses = {"lookaheadkv": LookaheadKVPress(pl_module.adapter), "oracle": OraclePress()}
         names = {"lookaheadkv": "val", "oracle": "val/oracle"}
         for callback in trainer.callbacks:
-            if isinstance(callback, LookaheadAblation):
-                for point in callback.points or []:
-                    if point.adapter is not None:
-                        presses[point.name] = LookaheadKVPress(point.adapter)
-                        names[point.name] = f"{PREFIX}/{point.name}/val"
+            if isinstance(callback, SiblingModules):
+                for name, (adapter, prefix) in callback.siblings().items():
+                    presses[name] = LookaheadKVPress(adapter)
+                    names[name] = prefix
         output = Path(trainer.log_dir or trainer.default_root_dir) / "reach" / f"step{trainer.global_step}"
         model = presses["lookaheadkv"].base_model
         evaluator = Evaluator(model, pl_module.tokenizer, presses, self.budgets, ["aware"], output, False)

@@ -7,19 +7,23 @@ for a probe checkpoint (:class:`lkv.train.probe_module.ProbeModule`, whose train
 Loading either folder back needs only the base model and no Lightning: ``LookaheadAdapter.load(folder,
 base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation
 stages do.
+
+Only a checkpoint needs the LightningModules, so they (and Lightning) are imported when one is exported:
+`lkv eval` and `lkv generate` given an adapter or probe folder never load Lightning.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from lkv.model.lookahead import CONFIG_FILE
 from lkv.model.probe import PROBE_CONFIG_FILE
-from lkv.train.base import ImportanceModule
-from lkv.train.module import LookaheadKVModule
-from lkv.train.probe_module import ProbeModule
+
+if TYPE_CHECKING:
+    from lkv.train.base import ImportanceModule
 
 # `resolve_adapter` exports a checkpoint `X.ckpt` to the sibling folder `X-adapter/`, `resolve_probe`
 # to `X-probe/`.
@@ -33,6 +37,9 @@ def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
     A checkpoint whose weights are ``probe.*`` is a :class:`ProbeModule`'s, any other a
     :class:`LookaheadKVModule`'s.
     """
+    from lkv.train.module import LookaheadKVModule
+    from lkv.train.probe_module import ProbeModule
+
     if not Path(ckpt).is_file():
         raise FileNotFoundError(f"checkpoint {str(ckpt)!r} not found")
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True).get("state_dict", {})
@@ -46,6 +53,8 @@ def export_checkpoint(
 ) -> str:
     """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``) or probe
     (``probe.json`` + ``probe.safetensors``) to ``output``."""
+    from lkv.train.probe_module import ProbeModule
+
     module = load_checkpoint(ckpt, model=model, dtype=dtype)
     if isinstance(module, ProbeModule):
         config = module.probe.config

@@ -20,7 +20,7 @@ by their last validation values. Checkpoints hold only the trainable weights (an
 frozen LLM is reloaded by :meth:`configure_model`. All of this is shared with the per-token probe
 (:mod:`lkv.train.probe_module`) through :class:`lkv.train.base.ImportanceModule`.
 
-With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.train.ablation.LookaheadAblation`), the
+With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.sweep.ablation.LookaheadAblation`), the
 training and validation steps also return every sample's prefill as a :class:`~lkv.train.base.SharedPrefill`
 (``outputs["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
 """

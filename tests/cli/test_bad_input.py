@@ -169,7 +169,7 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
     ),
     "eval-budget-out-of-range": (
         lambda root, mp: fit(root, model={"eval_budgets": [4, 0]}),
-        [r"model\.eval_budgets", r"expected positive", r"found \[4, 0\]"],
+        [r"model\.eval_budgets", r"budget must be ≥ 1 token per head", r"got 0"],
     ),
     "label-budget-out-of-range": (
         lambda root, mp: label(root, "new-labels", response_tokens=0),
@@ -268,3 +268,59 @@ def test_traceback_on_request(earlier, tmp_path, monkeypatch):
     monkeypatch.setenv("LKV_TRACEBACK", "1")
     with pytest.raises(ValueError, match=patterns[0]):
         lkv_main(args)
+
+
+@pytest.mark.parametrize(
+    ("budgets", "said"),
+    [
+        ("[0]", r"--budgets: budget must be ≥ 1 token per head, got 0"),
+        ("[-3]", r"--budgets: budget must be ≥ 1 token per head, got -3"),
+        ("[1.5]", r"--budgets: budget 1\.5 is neither a ratio in \(0, 1\] nor a whole number of tokens"),
+        ("abc", r'"budgets": Expected a .*tuple.*Got value: abc'),  # jsonargparse's message, on one line
+        ("[64, abc]", r'"budgets": Does not validate .*Given value: abc'),
+    ],
+)
+def test_a_bad_eval_budget_ends_before_any_model_loads(budgets, said, tmp_path, monkeypatch, capsys):
+    """The command of configs/eval/niah.yaml with a bad `--budgets` (its task over the tiny essays): one
+    `lkv eval: error:` line naming the budget, before any model loads or the output folder is made."""
+    import lkv.commands.eval
+    from tests.conftest import ESSAYS, TINY_HELDOUT
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(lkv.commands.eval, "load_backbone", no_model)
+    monkeypatch.setattr(lkv.commands.eval, "load_lookahead", no_model)
+    essays = tmp_path / "essays"
+    essays.mkdir()
+    for name, text in ESSAYS.items():
+        (essays / f"{name}.txt").write_text(text)
+    task = {"lengths": [60], "depths": [0.5], "essays_dir": str(essays), "heldout_fraction": TINY_HELDOUT}
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(
+        yaml.safe_dump({"tasks": [{"class_path": "lkv.eval.tasks.NeedleTask", "init_args": task}]})
+    )
+    niah = Path(__file__).parents[2] / "configs" / "eval" / "niah.yaml"
+    output = tmp_path / "eval"
+    with pytest.raises(SystemExit) as exit_:
+        lkv_main(
+            [
+                "eval",
+                "--config",
+                str(niah),
+                "--config",
+                str(tasks),
+                "--methods",
+                "[fullkv,snapkv]",
+                "--budgets",
+                budgets,
+                "--output",
+                str(output),
+            ]
+        )
+    assert exit_.value.code == 1
+    message = capsys.readouterr().err
+    errors = [line for line in message.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("lkv eval: error: "), message
+    assert re.search(said, errors[0]), f"{said!r} not in {errors[0]!r}"
+    assert "Traceback" not in message and not output.exists()

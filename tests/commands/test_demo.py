@@ -15,7 +15,7 @@ import lkv.commands.eval
 import lkv.commands.export
 import lkv.commands.label
 import lkv.eval.runner
-import lkv.eviction.compressor
+import lkv.eviction.presses.lookaheadkv
 import lkv.model.assets
 import lkv.train.cli
 import lkv.train.module
@@ -210,7 +210,7 @@ def test_a_cache_length_trace_is_reused_only_at_its_own_length(tmp_path, monkeyp
     def load(_adapter):
         raise Loaded
 
-    monkeypatch.setattr(lkv.eviction.compressor, "load_lookahead", load)
+    monkeypatch.setattr(lkv.eviction.presses.lookaheadkv, "load_lookahead", load)
     (tmp_path / "cache_lengths.json").write_text(
         json.dumps({"fullkv": [100, 101, 102], "quest": [100, 101, 102]})
     )

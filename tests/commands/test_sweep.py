@@ -13,16 +13,15 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lkv.commands.sweep
+import lkv.sweep.points
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep import eval_scores, fit_values, point_config, set_key
-from lkv.commands.sweep_launch import check_points_fit, parse_launcher
-from lkv.eval.cells import NO_BUDGET
 from lkv.eval.report import write_report
-from lkv.eval.results import ResultsFile
+from lkv.eval.results import NO_BUDGET, ResultsFile
 from lkv.eval.stats import bootstrap_interval
+from lkv.sweep.grid import grid_points, point_name
+from lkv.sweep.launch import check_points_fit, parse_launcher
+from lkv.sweep.points import eval_scores, fit_values, point_config, set_key
 from lkv.train.cli import resolved_fit_config
-from lkv.train.grid import grid_points, point_name
 from tests.tensorboard_events import curve, hparams_plugin_data, points_per_step, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +36,7 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
             fits.append(command)
         return real_run(command, **kwargs)
 
-    monkeypatch.setattr(lkv.commands.sweep.subprocess, "run", counting_run)
+    monkeypatch.setattr(lkv.sweep.points.subprocess, "run", counting_run)
     out, summary = tmp_path / "sweep", tmp_path / "summary"
     evaluation = yaml.safe_load(tiny_setup["eval"].read_text()) | {"methods": ["lookaheadkv", "snapkv"]}
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(evaluation))

@@ -17,7 +17,7 @@ import yaml
 from submitit.core.utils import JobPaths
 
 from lkv.cli import main as lkv_main
-from lkv.commands.sweep_launch import Launcher, job_devices, parse_launcher
+from lkv.sweep.launch import Launcher, job_devices, parse_launcher
 
 # Columns that measure wall time (of the fit and of the lookahead-vs-prefill timing): they differ between any
 # two runs. Every other column — the grid values and every metric — must match.
@@ -227,7 +227,7 @@ def test_a_two_task_job_is_one_ddp_fit_and_task_0_writes_the_result(tiny_setup, 
     out = tmp_path / "sweep"
     args = tmp_path / "args.pkl"
     args.write_bytes(pickle.dumps(({"model.num_lookahead": 2}, base, out, None, 0, 1, None)))
-    call = "import pickle, sys; from lkv.commands.sweep import point_job; "
+    call = "import pickle, sys; from lkv.sweep.launch import point_job; "
     call += "print('returned', point_job(*pickle.load(open(sys.argv[1], 'rb'))) is None)"
     with socket.socket() as probe:  # a free port for the ranks' rendezvous
         probe.bind(("127.0.0.1", 0))

@@ -12,8 +12,7 @@ from transformers import DynamicCache
 
 from lkv.core.cache import CompressedCache, cache_bytes, gather_cache
 from lkv.core.compat import cache_kwargs
-from lkv.core.generation import prefill
-from lkv.eviction.compressor import append_tokens
+from lkv.core.generation import append_tokens, prefill
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
 
 

@@ -10,15 +10,27 @@ import torch
 
 import lkv.commands.eval
 import lkv.eval.runner
+from lkv.core.budget import Budget
 from lkv.core.generation import Sampling, eos_ids, prefill
+from lkv.core.importance import response_importance
 from lkv.core.metrics import kendall_tau_b, topk_recall
-from lkv.eval.results import ResultsFile, check_run, copy_adapter_free
-from lkv.eval.runner import Evaluator, answer_importance, shared_prefill, with_protected
+from lkv.eval.results import (
+    FULL,
+    NO_BUDGET,
+    ResultsFile,
+    budget_key,
+    budget_order,
+    check_run,
+    copy_adapter_free,
+    parse_budget_key,
+)
+from lkv.eval.runner import Evaluator, shared_prefill, with_protected
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, ProbePress
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import Selection
 from lkv.labels.labeller import label_prompt, make_meta
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
@@ -159,7 +171,10 @@ def test_oracle_is_the_registry_oracle_in_the_aware_setting(tiny_llama):
     full = Compressor(model, tokenizer, FullKVPress())
     answer = full.decode(full.compress(ids), Sampling(5)).token_ids
     shared = shared_prefill(model, ids, {})
-    ours = answer_importance(model, shared.cache, 30, [], answer)
+    # the runner's Oracle scores: the answer's queries only (here every query: nothing is appended)
+    ours = response_importance(model, shared.cache, 30, torch.tensor([answer]), last_queries=len(answer))[
+        None
+    ]
     registry = Compressor(model, tokenizer, OraclePress(response_tokens=5)).score(ids).scores
     torch.testing.assert_close(ours, registry)
     assert shared.cache.get_seq_length() == 30  # cropped back
@@ -317,13 +332,17 @@ def test_adaptive_head_budget_rows_match_the_compressor(tiny_llama, tiny_corpus,
             out,
             False,
             streamed,
-            head_budget="adaptive",
+            selection=Selection(head_budget="adaptive"),
         ).run([task])
         (sample,) = task.samples(tokenizer)
         context, question = encode_sample(sample, tokenizer)
         for row in rows:
             compressor = Compressor(
-                model, tokenizer, presses[row["method"]], budget=12, head_budget="adaptive"
+                model,
+                tokenizer,
+                presses[row["method"]],
+                budget=12,
+                selection=Selection(head_budget="adaptive"),
             )
             if row["setting"] == "aware":
                 expected = compressor.decode(compressor.compress(context + question), Sampling(4))
@@ -507,7 +526,7 @@ def test_named_modules_may_join_a_folder_but_keep_their_module(tmp_path):
 
 def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpus, tmp_path, monkeypatch):
     """`--adapters`: every module's rows equal an eval of that module alone, from one prefill per sample."""
-    import lkv.eviction.compressor
+    import lkv.eviction.presses.lookaheadkv
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
     from tests.model.test_lookahead import perturb_lora
@@ -519,7 +538,9 @@ def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpu
         perturb_lora(adapter, seed=seed)
         adapter.save(tmp_path / f"adapter{seed}")
         folders[seed] = str(tmp_path / f"adapter{seed}")
-    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    monkeypatch.setattr(
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
+    )
     prefills = []
     monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
@@ -566,7 +587,7 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch
 ):
     """`press_args` reach `lookaheadkv` and named modules (kernel, pooling only); the run's settings stay its own."""
-    import lkv.eviction.compressor
+    import lkv.eviction.presses.lookaheadkv
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
     from tests.model.test_lookahead import perturb_lora
@@ -575,7 +596,9 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     adapter = LookaheadAdapter.create(model, num_tokens=3)
     perturb_lora(adapter)
     adapter.save(tmp_path / "adapter")
-    monkeypatch.setattr(lkv.eviction.compressor, "load_backbone", lambda *a, **k: build_tiny_model("llama"))
+    monkeypatch.setattr(
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
+    )
     args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
     folder = str(tmp_path / "adapter")
     lkv.commands.eval.evaluate(
@@ -607,3 +630,15 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             output=str(tmp_path / "x"),
             **args,
         )
+
+
+def test_the_budget_column_formats_and_parses_back():
+    for value in (64, 128, 0.25, 1.0, 0.001):
+        budget = Budget(value)
+        assert parse_budget_key(budget_key(budget)) == budget
+    assert budget_key(Budget(128.0)) == "128" and budget_key(None) == FULL
+    assert parse_budget_key(FULL) == FULL and parse_budget_key(NO_BUDGET) == NO_BUDGET
+    keys = ["-", "full", "128", "0.25", "64", "1.0"]
+    assert sorted(keys, key=budget_order) == ["0.25", "1.0", "64", "128", "full", "-"]
+    with pytest.raises(ValueError, match="≥ 1 token per head"):
+        parse_budget_key("0")

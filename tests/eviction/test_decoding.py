@@ -17,6 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from lkv.core.attention import ImportanceCapture
+from lkv.core.budget import Budget
 from lkv.core.generation import Sampling, decode, greedy, prefill
 from lkv.eval.trace import cache_length_traces, plot_cache_lengths
 from lkv.eviction.compressor import Compressor
@@ -406,7 +407,9 @@ def test_quest_leaves_the_first_layers_dense_and_fails_loudly_without_its_wrappe
     model, tokenizer = tiny_llama
     compressor = Compressor(model, tokenizer, "quest", budget=16)  # one page of 16; layers 0 and 1 dense
     compressed = compressor.compress(prompt(model))
-    upkeep = compressor.decode_policy.begin(model, compressed.cache, DecodeStart(PROMPT_LEN, budget=16))
+    upkeep = compressor.decode_policy.begin(
+        model, compressed.cache, DecodeStart(PROMPT_LEN, budget=Budget(16))
+    )
     query, key = torch.randn(1, 4, 1, 16), torch.randn(1, 2, 41, 16)
     assert upkeep.allowed_keys(1, query, key) is None
     allowed = upkeep.allowed_keys(2, query, key)

@@ -12,12 +12,13 @@ from lkv.eval.batched_decode import AnswerBatches, answer_request
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.decoding import H2ODecode
 from lkv.eviction.presses import LookaheadKVPress
-from lkv.eviction.presses.selector import adaptive_width, safeguarded, select_indices
+from lkv.eviction.selector import Selection, adaptive_width, safeguarded, select_indices
 from tests.conftest import FAMILIES, build_tiny_model
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
 
 BUDGET = 12
+ADAPTIVE = Selection(head_budget="adaptive")
 METHODS = ["snapkv", "h2o", "expected_attention", "keydiff", "kvzip", "lookaheadkv"]
 STREAMED = ["snapkv", "h2o", "expected_attention", "keydiff", "lookaheadkv"]
 
@@ -56,7 +57,9 @@ def test_adaptive_selection_matches_naive_reference(safeguard):
     scores[:, :, 0] = scores[:, :, 0] ** 3
     scores[:, 1, :, -3:] = float("inf")
     for budget, sink, recent in [(8, 0, 0), (10, 2, 1), (39, 0, 0)]:
-        kept = select_indices(scores, [budget] * 3, sink, recent, head_budget="adaptive", safeguard=safeguard)
+        kept = select_indices(
+            scores, [budget] * 3, Selection(sink, recent, head_budget="adaptive", safeguard=safeguard)
+        )
         for layer in range(3):
             rows = valid_rows(kept[layer])
             want = naive_adaptive(scores[0, layer].tolist(), budget, safeguard, sink, recent)
@@ -66,10 +69,11 @@ def test_adaptive_selection_matches_naive_reference(safeguard):
             assert kept[layer].shape[-1] == max(map(len, rows))  # gathered to the widest head
     # a fixed width (kvpress's uniform layers) pads every row further
     width = adaptive_width(8, 4, 40, safeguard)
-    padded = select_indices(scores, [8] * 3, head_budget="adaptive", safeguard=safeguard, width=width)
+    padded = select_indices(scores, [8] * 3, Selection(head_budget="adaptive", safeguard=safeguard), width)
     assert all(index.shape[-1] == width for index in padded)
     assert [valid_rows(i) for i in padded] == [
-        valid_rows(i) for i in select_indices(scores, [8] * 3, head_budget="adaptive", safeguard=safeguard)
+        valid_rows(i)
+        for i in select_indices(scores, [8] * 3, Selection(head_budget="adaptive", safeguard=safeguard))
     ]
 
 
@@ -77,7 +81,7 @@ def test_equal_heads_keep_the_equal_selection_when_scores_agree():
     scores = torch.rand(1, 2, 3, 30, generator=torch.Generator().manual_seed(1))
     # every head ranks alike and a safeguard of 1 guarantees each its own top C: adaptive = equal
     equal = select_indices(scores, [7, 7])
-    adaptive = select_indices(scores, [7, 7], head_budget="adaptive", safeguard=1.0)
+    adaptive = select_indices(scores, [7, 7], Selection(head_budget="adaptive", safeguard=1.0))
     assert all(torch.equal(a, b) for a, b in zip(equal, adaptive, strict=True))
 
 
@@ -92,7 +96,7 @@ def test_adaptive_eviction_matches_masked_full_cache(model_and_tokenizer, method
     press = build_press(method, model)
     model = press.base_model if isinstance(press, LookaheadKVPress) else model
     ids = prompt(model)
-    compressor = Compressor(model, tokenizer, press, budget=BUDGET, head_budget="adaptive")
+    compressor = Compressor(model, tokenizer, press, budget=BUDGET, selection=ADAPTIVE)
     compressed = compressor.compress(ids)
     keep = keep_mask(compressed.kept, PROMPT_LEN)
     kv_heads = model.config.num_key_value_heads
@@ -123,8 +127,8 @@ def test_adaptive_streamed_equals_two_phase(tiny_model, method):
     model = press.base_model if isinstance(press, LookaheadKVPress) else model
     ids = prompt(model)
     for budget in (BUDGET, 0.5):
-        want = Compressor(model, tokenizer, press, budget, head_budget="adaptive").compress(ids)
-        got = Compressor(model, tokenizer, press, budget, head_budget="adaptive", streamed=True).compress(ids)
+        want = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE).compress(ids)
+        got = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE, streamed=True).compress(ids)
         for layer, (a, b) in enumerate(zip(got.kept, want.kept, strict=True)):
             assert torch.equal(a, b), f"budget {budget}, layer {layer}: other positions kept"
         for a, b in zip(got.cache.layers, want.cache.layers, strict=True):
@@ -132,8 +136,8 @@ def test_adaptive_streamed_equals_two_phase(tiny_model, method):
             assert torch.equal(a.keys, b.keys) and (mask_a is mask_b is None or torch.equal(mask_a, mask_b))
         sampling = Sampling(max_new_tokens=6)
         for question in (None, [5, 6, 7]):
-            streamed = Compressor(model, tokenizer, press, budget, head_budget="adaptive", streamed=True)
-            two_phase = Compressor(model, tokenizer, press, budget, head_budget="adaptive")
+            streamed = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE, streamed=True)
+            two_phase = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE)
             assert (
                 streamed.generate(ids, sampling, question).token_ids
                 == two_phase.generate(ids, sampling, question).token_ids
@@ -148,9 +152,7 @@ def test_adaptive_answers_batched_equal_batch_one(tiny_model):
     for seed in range(3):
         ids = prompt(model, PROMPT_LEN - seed, seed=seed)
         for method in ("snapkv", "keydiff"):
-            compressor = Compressor(
-                model, tokenizer, build_press(method, model), BUDGET, head_budget="adaptive"
-            )
+            compressor = Compressor(model, tokenizer, build_press(method, model), BUDGET, selection=ADAPTIVE)
             for appended in ([], [5, 6, 7]):
                 single = compressor.compress(ids)
                 gen = (
@@ -182,8 +184,7 @@ def test_masked_caches_stack_with_left_padding(tiny_model):
         kept = select_indices(
             scored.scores,
             [budget] * num_layers,
-            recent=4,
-            head_budget="adaptive",
+            Selection(recent=4, head_budget="adaptive"),
             width=adaptive_width(budget, kv_heads, length),
         )
         alone = gather_cache(prefill(model, ids)[0], kept)
@@ -211,11 +212,11 @@ def test_select_rows_keeps_key_masks_aligned(tiny_llama):
 def test_head_budget_bad_input(tiny_llama):
     model, tokenizer = tiny_llama
     with pytest.raises(ValueError, match="head_budget must be one of equal, adaptive"):
-        Compressor(model, tokenizer, "snapkv", head_budget="per-head")
+        Selection(head_budget="per-head")
     with pytest.raises(ValueError, match=r"safeguard must be in \[0, 1\]"):
-        Compressor(model, tokenizer, "snapkv", head_budget="adaptive", safeguard=1.5)
+        Selection(head_budget="adaptive", safeguard=1.5)
     with pytest.raises(ValueError, match="cannot go with the decode-time policy"):
-        Compressor(model, tokenizer, "snapkv", head_budget="adaptive", decode_policy=H2ODecode())
+        Compressor(model, tokenizer, "snapkv", selection=ADAPTIVE, decode_policy=H2ODecode())
 
 
 def test_hooks_are_installed_once(tiny_llama):
@@ -235,7 +236,7 @@ def test_adaptive_eviction_on_the_embedded_model(method):
 
     model, tokenizer = load_backbone("smollm2-135m")
     text = "The special magic number for Oslo is 4417. The ferry leaves at seven and returns at noon. " * 22
-    compressor = Compressor(model, tokenizer, method, budget=64, head_budget="adaptive")
+    compressor = Compressor(model, tokenizer, method, budget=64, selection=ADAPTIVE)
     ids = compressor.encode(text + "\n\nWhat is the special magic number for Oslo?")
     compressed = compressor.compress(ids)
     keep = keep_mask(compressed.kept, ids.shape[1])

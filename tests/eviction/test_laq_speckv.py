@@ -19,9 +19,9 @@ from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import PressContext
 from lkv.eviction.presses.laq import LAQPress, pooled_window_scores
-from lkv.eviction.presses.selector import select_indices
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.presses.speckv import SpecKVPress, truncated_draft
+from lkv.eviction.selector import select_indices
 from tests.reference import eager_reference, evicted_reference_logits, greedy_steps, keep_mask
 
 PROMPT_LEN, WINDOW, TOKENS = 40, 4, 5

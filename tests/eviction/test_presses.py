@@ -13,10 +13,11 @@ import torch
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import Press, PressContext, pool_scores
+from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, LookaheadKVPress
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.eviction.registry import METHODS, make_method
+from lkv.eviction.selector import pool_scores
 from tests.eviction.conftest import POOLED, PROMPT_LEN, SETTINGS, build_press, prompt
 from tests.reference import (
     eager_attentions,

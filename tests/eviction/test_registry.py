@@ -7,7 +7,19 @@ import pytest
 
 from lkv.eviction.decoding import DecodeTimePress
 from lkv.eviction.presses import Press
-from lkv.eviction.registry import DEFAULT_METHODS, METHODS, MethodName, make_method, method_table
+from lkv.eviction.registry import (
+    ADAPTER_METHOD,
+    DEFAULT_METHODS,
+    METHODS,
+    PROBE_METHOD,
+    REFERENCE,
+    UPPER_BOUND,
+    MethodName,
+    Roles,
+    make_method,
+    method_table,
+    roles_of,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
@@ -33,3 +45,20 @@ def test_every_name_builds_its_method_and_the_cli_choices_are_the_names():
 def test_an_unknown_name_lists_the_registered_ones():
     with pytest.raises(ValueError, match="unknown eviction method 'nope'; choose one of fullkv, oracle"):
         make_method("nope")
+
+
+def test_method_roles_are_read_from_the_registry():
+    assert (REFERENCE, UPPER_BOUND, ADAPTER_METHOD, PROBE_METHOD) == (
+        "fullkv",
+        "oracle",
+        "lookaheadkv",
+        "probe",
+    )
+    assert roles_of("fullkv") == Roles("reference", evicts=False, unranked="keeps everything")
+    assert roles_of("oracle").role == "upper bound" and roles_of("oracle").unranked
+    # a named lookahead module of `lkv eval --adapters` is the same method on another module
+    assert roles_of("lookaheadkv:s1") == roles_of("lookaheadkv") == Roles(requires="adapter")
+    assert roles_of("quest").evicts is False and roles_of("pyramidkv").unranked
+    assert roles_of("snapkv") == Roles() == roles_of("snapkv-window8")  # a press under a name of its own
+    decode_time = {name for name, m in METHODS.items() if m.acts == "decode"}
+    assert decode_time == {"h2o-decode", "scissorhands", "quest"}

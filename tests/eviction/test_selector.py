@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from lkv.core.budget import Budget, token_budgets
 from lkv.eviction.presses.pyramidkv import pyramid_budgets
-from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
+from lkv.eviction.selector import Selection, select_indices
 from tests.reference import naive_select
 
 
@@ -21,7 +22,7 @@ def test_selection_matches_naive_reference(sink, recent, kernel):
     scores = torch.randint(0, 5, (1, 3, 2, 25), generator=generator).float()
     scores[0, 1, 0, 20:] = math.inf
     budgets = [8, 12, 25]
-    kept = select_indices(scores, budgets, sink=sink, recent=recent, kernel=kernel, pooling="max")
+    kept = select_indices(scores, budgets, Selection(sink, recent, kernel, "max"))
     for layer, budget in enumerate(budgets):
         assert kept[layer].shape == (1, 2, min(budget, 25))
         for head in range(2):
@@ -38,7 +39,7 @@ def test_budget_at_or_above_length_keeps_everything():
 def test_selection_errors():
     scores = torch.rand(1, 2, 2, 10)
     with pytest.raises(ValueError, match="smaller than the 4 positions"):
-        select_indices(scores, [3, 3], sink=1, recent=3)
+        select_indices(scores, [3, 3], Selection(sink=1, recent=3))
     with pytest.raises(ValueError, match="2 layers"):
         select_indices(scores, [3])
     with pytest.raises(ValueError, match="NaN"):
@@ -49,7 +50,10 @@ def test_selection_errors():
 
 @pytest.mark.parametrize(("budget", "want"), [(1, 1), (128, 128), (128.0, 128), (0.5, 0.5), (1.0, 1.0)])
 def test_valid_budgets(budget, want):
-    assert check_budget(budget) == want and type(check_budget(budget)) is type(want)
+    checked = Budget.of(budget)
+    assert checked.value == want and type(checked.value) is type(want)
+    assert Budget.of(checked) is checked  # a checked budget passes through as it is
+    assert checked.is_ratio == isinstance(want, float)
 
 
 @pytest.mark.parametrize(
@@ -68,14 +72,45 @@ def test_valid_budgets(budget, want):
 )
 def test_invalid_budgets(budget, error, match):
     with pytest.raises(error, match=match):
-        check_budget(budget)
+        Budget.of(budget)
 
 
 def test_ratio_budgets_round_and_keep_one():
-    assert budget_tokens(0.25, 100) == 25
-    assert budget_tokens(0.001, 100) == 1
-    assert budget_tokens(1.0, 37) == 37
-    assert budget_tokens(64, 10) == 64
+    assert Budget(0.25).tokens(100) == 25
+    assert Budget(0.001).tokens(100) == 1
+    assert Budget(1.0).tokens(37) == 37
+    assert Budget(64).tokens(10) == 64
+
+
+def test_whole_token_budgets_name_their_setting():
+    assert token_budgets([64, 128.0], "model.eval_budgets") == (64, 128)
+    with pytest.raises(
+        ValueError, match=r"^model.eval_budgets: expected a whole number of tokens ≥ 1, got the ratio 0.5"
+    ):
+        token_budgets([64, 0.5], "model.eval_budgets")
+    with pytest.raises(ValueError, match=r"^NeedleReach.budgets: budget must be ≥ 1 token per head, got 0"):
+        token_budgets([0], "NeedleReach.budgets")
+    with pytest.raises(ValueError, match="give at least one budget"):
+        token_budgets([], "ImportanceTask.budgets")
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ({"sink": -1}, "sink and recent must be ≥ 0"),
+        ({"kernel": 4}, "odd number"),
+        ({"pooling": "median"}, "pooling must be one of"),
+        ({"head_budget": "per-head"}, "head_budget must be one of"),
+        ({"safeguard": -0.1}, r"safeguard must be in \[0, 1\]"),
+    ],
+)
+def test_selection_settings_are_checked_when_made(settings, match):
+    with pytest.raises(ValueError, match=match):
+        Selection(**settings)
+
+
+def test_protecting_keeps_the_wider_window():
+    assert Selection(sink=2, recent=1, kernel=3).protecting(1, 4) == Selection(sink=2, recent=4, kernel=3)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress, ProbePress
 from lkv.eviction.registry import make_method
+from lkv.eviction.selector import Selection
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import PROMPT_LEN, SETTINGS, build_press, prompt
@@ -59,7 +60,9 @@ def test_streamed_scores_and_cache_equal_two_phase(model_and_tokenizer, method):
         got = Compressor(model, tokenizer, press, budget, streamed=True).compress(ids)
         budgets = two_phase.layer_budgets(budget, PROMPT_LEN)
         sink, recent = press.protected(PROMPT_LEN)
-        scores = streamed_compress(model, press, ids, budgets, sink, recent, keep_scores=True).scores
+        scores = streamed_compress(
+            model, press, ids, budgets, Selection(sink, recent), keep_scores=True
+        ).scores
         torch.testing.assert_close(scores, scored.scores, rtol=0, atol=1e-5, msg=f"budget {budget}")
         assert got.layer_budgets == want.layer_budgets
         for layer, (kept, wanted) in enumerate(zip(got.kept, want.kept, strict=True)):
@@ -77,8 +80,8 @@ def test_streamed_generation_is_token_identical(tiny_model, method):
     model = model_for(press, model)
     ids, sampling = prompt(model), Sampling(max_new_tokens=12)
     for question in (None, [5, 6, 7]):  # question-aware, then question-agnostic (a block appended)
-        want = Compressor(model, tokenizer, press, 12, recent=2).generate(ids, sampling, question)
-        got = Compressor(model, tokenizer, press, 12, recent=2, streamed=True).generate(
+        want = Compressor(model, tokenizer, press, 12, Selection(recent=2)).generate(ids, sampling, question)
+        got = Compressor(model, tokenizer, press, 12, Selection(recent=2), streamed=True).generate(
             ids, sampling, question
         )
         assert got.token_ids == want.token_ids and got.kept_per_layer == want.kept_per_layer

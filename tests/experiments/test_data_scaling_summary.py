@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lkv.eval.stats import mcnemar_exact, wilson_interval
-from lkv.train.grid import point_name
+from lkv.sweep.grid import point_name
 
 SCRIPT = Path(__file__).resolve().parents[2] / "experiments/data_scaling/summarize.py"
 spec = importlib.util.spec_from_file_location("data_scaling_summary", SCRIPT)

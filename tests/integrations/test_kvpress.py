@@ -17,8 +17,8 @@ from lkv.core.compat import cache_kwargs  # noqa: E402
 from lkv.core.generation import Sampling  # noqa: E402
 from lkv.eviction.compressor import Compressor  # noqa: E402
 from lkv.eviction.presses import LookaheadKVPress  # noqa: E402
-from lkv.eviction.presses.selector import adaptive_width  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
+from lkv.eviction.selector import Selection, adaptive_width  # noqa: E402
 from lkv.eviction.streamed import streamed_compress  # noqa: E402
 from lkv.integrations.kvpress import LkvPress, lookahead_press  # noqa: E402
 from tests.conftest import FAMILIES, build_tiny_model  # noqa: E402
@@ -57,7 +57,7 @@ def test_kvpress_hook_keeps_what_lkv_streamed_eviction_keeps(family, method, rat
     budget = compute_n_kept(PROMPT_LEN, ratio)
     sink, recent = lkv_press.protected(PROMPT_LEN)
     budgets = lkv_press.layer_budgets(budget, PROMPT_LEN, model.config.num_hidden_layers)
-    want = streamed_compress(model, lkv_press, ids, budgets, sink, recent).cache
+    want = streamed_compress(model, lkv_press, ids, budgets, Selection(sink, recent)).cache
     got = kvpress_prefill(model, LkvPress(lkv_press, compression_ratio=ratio), ids)
     for layer, (a, b) in enumerate(zip(got.layers, want.layers, strict=True)):
         assert a.keys.shape[2] == budget, f"layer {layer} keeps {a.keys.shape[2]} entries, not {budget}"
@@ -83,8 +83,12 @@ def test_kvpress_hook_honours_adaptive_head_budgets(family, method):
     budget = compute_n_kept(PROMPT_LEN, ratio)
     sink, recent = lkv_press.protected(PROMPT_LEN)
     budgets = lkv_press.layer_budgets(budget, PROMPT_LEN, model.config.num_hidden_layers)
-    want = streamed_compress(model, lkv_press, ids, budgets, sink, recent, head_budget="adaptive").cache
-    got = kvpress_prefill(model, LkvPress(lkv_press, compression_ratio=ratio, head_budget="adaptive"), ids)
+    want = streamed_compress(
+        model, lkv_press, ids, budgets, Selection(sink, recent, head_budget="adaptive")
+    ).cache
+    got = kvpress_prefill(
+        model, LkvPress(lkv_press, compression_ratio=ratio, selection=Selection(head_budget="adaptive")), ids
+    )
     width = adaptive_width(budget, model.config.num_key_value_heads, PROMPT_LEN)
     for layer, (a, b) in enumerate(zip(got.layers, want.layers, strict=True)):
         assert a.keys.shape[2] == width, f"layer {layer}: {a.keys.shape[2]} slots, not the uniform {width}"
@@ -101,10 +105,16 @@ def test_question_block_on_an_adaptive_kvpress_cache_matches_the_masked_full_cac
     ids, question = prompt(model), torch.tensor([[5, 6, 7, 8, 9]])
     budget = compute_n_kept(PROMPT_LEN, 0.75)
     kept = streamed_compress(
-        model, press, ids, [budget] * model.config.num_hidden_layers, 0, 4, head_budget="adaptive"
+        model,
+        press,
+        ids,
+        [budget] * model.config.num_hidden_layers,
+        Selection(recent=4, head_budget="adaptive"),
     ).kept
     keep = keep_mask(kept, PROMPT_LEN)
-    cache = kvpress_prefill(model, LkvPress(press, compression_ratio=0.75, head_budget="adaptive"), ids)
+    cache = kvpress_prefill(
+        model, LkvPress(press, compression_ratio=0.75, selection=Selection(head_budget="adaptive")), ids
+    )
     positions = torch.arange(PROMPT_LEN, PROMPT_LEN + question.shape[1])[None]
     with torch.no_grad():
         got = model(input_ids=question, position_ids=positions, **cache_kwargs(cache)).logits[0].float()
@@ -120,13 +130,20 @@ def test_kvpress_pipeline_with_adaptive_head_budgets_answers_as_lkv(tiny_qwen):
     context = (
         "The quick brown fox jumps over the lazy dog. A startup is a company designed to grow fast. " * 3
     )
-    press = LkvPress(make_method("snapkv", window=4), compression_ratio=0.5, head_budget="adaptive")
+    press = LkvPress(
+        make_method("snapkv", window=4), compression_ratio=0.5, selection=Selection(head_budget="adaptive")
+    )
     got = pipe(context, question="Who jumps?", press=press, max_new_tokens=6)["answer"]
     inputs = pipe.preprocess(context, ["Who jumps?"], "", 10**6)
     ids, question = inputs["context_ids"], inputs["questions_ids"][0][0].tolist()
     budget = compute_n_kept(ids.shape[1], 0.5)
     compressor = Compressor(
-        model, tokenizer, make_method("snapkv", window=4), budget, head_budget="adaptive", streamed=True
+        model,
+        tokenizer,
+        make_method("snapkv", window=4),
+        budget,
+        Selection(head_budget="adaptive"),
+        streamed=True,
     )
     assert got == compressor.answer(compressor.compress(ids), question, Sampling(max_new_tokens=6)).text
 
@@ -164,7 +181,9 @@ def test_presses_kvpress_cannot_run_are_refused(tiny_llama):
 
 def test_lookahead_press_loads_an_exported_adapter(tmp_path):
     model, _ = build_tiny_model("llama")
-    trained = build_press("lookaheadkv", model)
+    trained = LookaheadKVPress(
+        build_press("lookaheadkv", model).adapter
+    )  # the default kernel, as loading gives
     trained.adapter.save(tmp_path / "adapter")
     ids = prompt(model)
     want = kvpress_prefill(model, LkvPress(trained, compression_ratio=0.5), ids)

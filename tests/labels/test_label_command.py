@@ -208,17 +208,15 @@ def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_qu
         stdlib_dir=str(stdlib),
     )
     out = tmp_path / "agnostic"
-    label(
-        output=str(out),
-        prompts=prompts,
-        model=str(saved_model),
-        response_tokens=4,
-        max_prompt_tokens=512,
-        score_dtype="float32",
-        accelerator="cpu",
-        progress=False,
-        label_mode="agnostic",
-    )
+    settings = {
+        "output": str(out),
+        "prompts": prompts,
+        "model": str(saved_model),
+        "response_tokens": 4,
+        "max_prompt_tokens": 512,
+        "score_dtype": "float32",
+    }
+    label(**settings, accelerator="cpu", progress=False, label_mode="agnostic")
     data = load_labels(out)
     meta = read_meta(out)
     assert meta.extra["label_mode"] == "agnostic"
@@ -236,14 +234,7 @@ def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_qu
         want = label_prompt(model, context, 4, eos_ids(model, tokenizer), question_ids=question)
         torch.testing.assert_close(row_scores(row, meta), want.scores, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="label_mode='agnostic', this run asks for 'aware'"):
-        label(
-            output=str(out),
-            prompts=prompts,
-            model=str(saved_model),
-            response_tokens=4,
-            max_prompt_tokens=512,
-            score_dtype="float32",
-        )
+        label(**settings)  # the same folder, the default mode
     with pytest.raises(ValueError, match="needs --store_scores true"):
         label(
             output=str(tmp_path / "x"),

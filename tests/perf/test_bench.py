@@ -16,14 +16,13 @@ from peft.tuners.lora import LoraLayer
 
 import lkv.perf.naive_step
 from lkv.cli import main
-from lkv.core.timing import Case, time_interleaved
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.perf.bench import build_case, run_benchmarks
 from lkv.perf.memory import subprocess_peak_bytes
 from lkv.perf.models import ARCHITECTURES, random_model
 from lkv.perf.naive_step import naive_loss
 from lkv.perf.suites import SUITES
-from lkv.perf.timing import linear_fit
+from lkv.perf.timing import Case, linear_fit, time_interleaved
 from lkv.perf.workbench import BenchSettings, Workbench
 from lkv.train.module import LookaheadKVModule
 from tests.conftest import build_tiny_model

@@ -74,7 +74,7 @@ def test_needle_reach_logs_each_module_and_the_oracle(tiny_backbone, label_folde
     """NeedleReach: the main module, an ablation sibling and the Oracle, each per budget, every validation; the
     logged means are those of the rows it wrote."""
     from lkv.eval.tasks import NeedleFamilyTask
-    from lkv.train.ablation import LookaheadAblation
+    from lkv.sweep.ablation import LookaheadAblation
     from lkv.train.callbacks import NeedleReach
 
     needles = NeedleFamilyTask(

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from lkv.commands.sweep import point_config, set_key
 from lkv.labels.shards import ShardWriter, load_labels, read_meta, row_scores
+from lkv.sweep.grid import grid_points
+from lkv.sweep.points import point_config, set_key
 from lkv.train.cli import lightning_main
 from lkv.train.datamodule import LabelDataModule
-from lkv.train.grid import grid_points
 from tests.conftest import make_label_folder
 
 ROOT = Path(__file__).resolve().parents[2]

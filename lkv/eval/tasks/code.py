@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import edit_similarity, first_code_line
-from lkv.eval.tasks.text import heldout_code, rng_for
+from lkv.eval.tasks.text import draw_module, heldout_code, module_lines, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
 INSTRUCTION = "Please complete the code given below. \n"
@@ -73,35 +73,26 @@ class CodeCompletionTask(GeneratedTask):
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         files = heldout_code(self.stdlib_dir, self.heldout_fraction)
-        doc_ids = sorted(files)
         out = []
         for length in self.lengths:
             for index in range(self.num_samples):
                 rng = rng_for("code", self.seed, length, index)
                 # Draw modules until one is long enough for the context and has a target line after it.
-                for _attempt in range(50):
-                    doc_id = rng.choice(doc_ids)
-                    sample = self._sample(tokenizer, doc_id, files[doc_id], length, rng)
-                    if sample is not None:
-                        break
-                else:
+                sample = draw_module(files, rng, 50, self._sample, tokenizer, length, rng)
+                if sample is None:
                     raise ValueError(f"no held-out module of {length}+ tokens found in 50 draws")
                 sample.id = f"code-L{length}-s{self.seed}-{index}"
                 out.append(sample)
         return out
 
-    def _sample(self, tokenizer, doc_id: str, path: Path, length: int, rng) -> Sample | None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
+    def _sample(self, doc_id: str, path: Path, tokenizer, length: int, rng) -> Sample | None:
+        module = module_lines(tokenizer, path, length)
+        if module is None:
             return None
-        if len(text) < 2 * length:  # under ~2 characters per token: certainly too short
-            return None
+        text, lines, counts = module
         in_strings = string_rows(text)
         if in_strings is None:
             return None
-        lines = text.splitlines(keepends=True)
-        counts = [len(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]]
         before = [0]
         for count in counts:
             before.append(before[-1] + count)

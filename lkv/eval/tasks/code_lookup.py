@@ -20,7 +20,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
-from lkv.eval.tasks.text import heldout_code, rng_for
+from lkv.eval.tasks.text import draw_module, heldout_code, module_lines, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
 # NAME = number of 2+ digits, then an optional comment (0, 1 and -1 are too easy to guess to tell retrieval
@@ -73,18 +73,13 @@ class CodeLookupTask(GeneratedTask):
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
         files = heldout_code(self.stdlib_dir, self.heldout_fraction)
-        doc_ids = sorted(files)
         out = []
         for length in self.lengths:
             for depth in self.depths:
                 for index in range(self.samples_per_cell):
                     rng = rng_for("code_lookup", self.seed, length, depth, index)
-                    for _attempt in range(100):
-                        doc_id = rng.choice(doc_ids)
-                        sample = self._sample(tokenizer, doc_id, files[doc_id], length, depth, rng)
-                        if sample is not None:
-                            break
-                    else:
+                    sample = draw_module(files, rng, 100, self._sample, tokenizer, length, depth, rng)
+                    if sample is None:
                         raise ValueError(
                             f"no held-out module with a lookup target at {length} tokens in 100 draws"
                         )
@@ -92,15 +87,11 @@ class CodeLookupTask(GeneratedTask):
                     out.append(sample)
         return out
 
-    def _sample(self, tokenizer, doc_id: str, path: Path, length: int, depth: float, rng) -> Sample | None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
+    def _sample(self, doc_id: str, path: Path, tokenizer, length: int, depth: float, rng) -> Sample | None:
+        module = module_lines(tokenizer, path, length)
+        if module is None:
             return None
-        if len(text) < 2 * length:  # under ~2 characters per token: certainly too short
-            return None
-        lines = text.splitlines(keepends=True)
-        counts = [len(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]]
+        _, lines, counts = module
         targets = [i for i, line in enumerate(lines) if _ASSIGNMENT.match(line)]
         rng.shuffle(targets)
         for target in targets[:20]:

@@ -15,18 +15,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from lkv.core.budget import token_budgets
 from lkv.core.metrics import ranking_metrics
 from lkv.eval.tasks.base import Benchmark
 from lkv.labels.shards import load_labels, read_meta, row_scores, shard_rows
 from lkv.model.backbone import ModelSignature, check_compatible
-
-# Methods with nothing to rank here, and why (shown in reports).
-NOT_RANKED = {
-    "fullkv": "keeps everything",
-    "oracle": "is the ground truth itself",
-    "pyramidkv": "ranks like SnapKV (only its per-layer budgets differ)",
-    "quest": "evicts nothing (it selects pages of the full cache at every decoding step)",
-}
 
 
 @dataclass
@@ -54,10 +47,8 @@ class ImportanceTask(Benchmark):
     def __init__(
         self, folder: str, budgets: tuple[int, ...] = (64, 128), max_samples: int | None = None
     ) -> None:
-        if not budgets or any(c <= 0 for c in budgets):
-            raise ValueError(f"budgets must be positive token counts, got {budgets}")
         self.folder = folder
-        self.budgets = tuple(budgets)
+        self.budgets = token_budgets(budgets, "ImportanceTask.budgets")
         self.max_samples = max_samples
         self.metric = f"recall@{self.budgets[0]}"
 

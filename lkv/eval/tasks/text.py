@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -23,6 +25,7 @@ from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
 PYDOC_SOURCE = "pydoc-topics"
+T = TypeVar("T")
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
@@ -199,6 +202,37 @@ def heldout_code(
     if not held:
         raise ValueError(f"no held-out module in {stdlib_dir or 'the standard library'}")
     return held
+
+
+def draw_module(
+    files: dict[str, Path], rng: random.Random, attempts: int, make: Callable[..., T | None], *args: Any
+) -> T | None:
+    """Draw held-out modules (``rng.choice`` over the sorted doc ids of :func:`heldout_code`'s ``files``) until
+    ``make(doc_id, path, *args)`` gives a sample (None: this module has no fitting window); None after
+    ``attempts`` draws."""
+    doc_ids = sorted(files)
+    for _attempt in range(attempts):
+        doc_id = rng.choice(doc_ids)
+        sample = make(doc_id, files[doc_id], *args)
+        if sample is not None:
+            return sample
+    return None
+
+
+def module_lines(
+    tokenizer: PreTrainedTokenizerBase, path: Path, length: int
+) -> tuple[str, list[str], list[int]] | None:
+    """A module's source, its lines (ends kept) and each line's token count; None if it is not UTF-8 or is
+    certainly shorter than ``length`` tokens (under ~2 characters per token)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+    if len(text) < 2 * length:
+        return None
+    lines = text.splitlines(keepends=True)
+    counts = [len(ids) for ids in tokenizer(lines, add_special_tokens=False)["input_ids"]]
+    return text, lines, counts
 
 
 def rng_for(*parts: object) -> random.Random:

@@ -23,10 +23,11 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from lkv.core.attention import CAPTURE_KWARG
+from lkv.core.budget import Budget, token_budgets
 from lkv.core.cache import gather_cache
 from lkv.eviction.decoding.capture import AttentionRows
 from lkv.eviction.presses.base import Press
-from lkv.eviction.presses.selector import select_indices
+from lkv.eviction.selector import Selection, select_indices
 
 
 @dataclass
@@ -35,7 +36,7 @@ class DecodeStart:
 
     Attributes:
         prompt_len: ``S``, the uncompressed prompt length.
-        budget: tokens per KV head the prompt was compressed to (``None``: unknown).
+        budget: the budget the prompt was compressed to (``None``: unknown).
         layer_budgets: the prefill method's per-layer budgets (PyramidKV spreads them), or ``None``.
         kept: per layer ``(1, kv_heads, C_l)`` prompt positions held by the cache (ascending), or ``None``
             when it holds the whole prompt.
@@ -44,7 +45,7 @@ class DecodeStart:
     """
 
     prompt_len: int
-    budget: int | None = None
+    budget: Budget | None = None
     layer_budgets: list[int] | None = None
     kept: list[torch.Tensor] | None = None
     scores: torch.Tensor | None = None
@@ -106,12 +107,8 @@ class DecodePolicy(ABC):
 
     name: str = "decode-policy"
 
-    def __init__(self, budget: int | None = None) -> None:
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(
-                f"{self.name}: budget must be a whole number of tokens ≥ 1 or None, got {budget!r}"
-            )
-        self.budget = budget
+    def __init__(self, budget: Budget | int | None = None) -> None:
+        self.budget = None if budget is None else token_budgets([budget], f"{self.name}: budget")[0]
 
     def caps(self, start: DecodeStart, num_layers: int) -> list[int]:
         """Entries per KV head each layer may hold while decoding."""
@@ -124,7 +121,7 @@ class DecodePolicy(ABC):
                 f"{self.name}: no budget to keep the cache within: give the policy one (budget=...) or decode "
                 "a prompt compressed by lkv.eviction.compressor.Compressor"
             )
-        return [start.budget] * num_layers
+        return [start.budget.tokens(start.prompt_len)] * num_layers
 
     def prompt_window(self, budget: int) -> tuple[int, int]:
         """``(sink, recent)`` prompt tokens a prompt eviction must keep to follow this policy's rule."""
@@ -259,7 +256,8 @@ class EvictionUpkeep(Upkeep):
                 state = self.states[layer]
                 priority = self.policy.priority(state, self.steps)
                 keep = cap - self.policy.every + 1
-                kept = select_indices(priority[:, None], [keep], recent=self.policy.recent_window(cap))[0]
+                window = Selection(recent=self.policy.recent_window(cap))
+                kept = select_indices(priority[:, None], [keep], window)[0]
                 self.states[layer] = {name: _gather(values, kept) for name, values in state.items()}
                 indices.append(kept)
             cache = gather_cache(cache, indices)

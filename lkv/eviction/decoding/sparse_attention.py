@@ -15,11 +15,9 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 
-from lkv.core.attention import install_capture, merge_mask
+from lkv.core.attention import install_capture, merge_mask, wrap_attention
 
 SPARSE_KWARG = "lkv_sparse"
 _PREFIX = "lkv_sparse_"
@@ -60,10 +58,5 @@ def install_sparse_attention(model: PreTrainedModel) -> str:
     current = model.config._attn_implementation
     if current.startswith(_PREFIX):
         return current
-    current = install_capture(model)
-    name = _PREFIX + current
-    if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        AttentionInterface.register(name, _make_sparse(current))
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
-    model.set_attn_implementation(name)
-    return name
+    install_capture(model)
+    return wrap_attention(model, _PREFIX, _make_sparse)

@@ -1,4 +1,5 @@
-"""Eviction methods behind one interface (:class:`~lkv.eviction.presses.base.Press`) and the shared selector.
+"""Eviction methods behind one interface (:class:`~lkv.eviction.presses.base.Press`): each scores the prompt;
+the shared selector (:mod:`lkv.eviction.selector`) turns the scores into kept positions.
 
 One file per method; :mod:`lkv.eviction.registry` names them (``make_method("snapkv", window=16)``).
 """
@@ -6,13 +7,10 @@ One file per method; :mod:`lkv.eviction.registry` names them (``make_method("sna
 from __future__ import annotations
 
 from lkv.eviction.presses.base import (
-    POOLING_MODES,
     LayerScorer,
     Press,
     PressContext,
     StreamContext,
-    check_pooling,
-    pool_scores,
 )
 from lkv.eviction.presses.expected_attention import ExpectedAttentionPress
 from lkv.eviction.presses.full import FullKVPress
@@ -31,7 +29,6 @@ from lkv.eviction.presses.streaming import StreamingLLMPress
 from lkv.eviction.presses.tova import TOVAPress
 
 __all__ = [
-    "POOLING_MODES",
     "ExpectedAttentionPress",
     "FullKVPress",
     "H2OPress",
@@ -51,6 +48,4 @@ __all__ = [
     "StreamContext",
     "StreamingLLMPress",
     "TOVAPress",
-    "check_pooling",
-    "pool_scores",
 ]

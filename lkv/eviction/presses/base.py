@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture
@@ -113,39 +112,3 @@ class Press(ABC):
         at or above ``prompt_len`` mean "no eviction in that layer".
         """
         return [budget] * num_layers
-
-
-POOLING_MODES = ("max", "avg", "avg_zero_pad")
-"""1-D pooling modes: ``max``; ``avg`` over the real values under the kernel (at the prefix's edges fewer than
-``kernel``); ``avg_zero_pad`` divides by ``kernel`` everywhere, counting the zero padding at the edges
-(``F.avg_pool1d``'s default, as NVIDIA kvpress's SnapKV/PyramidKV pool)."""
-
-
-def check_pooling(kernel: int, pooling: str) -> None:
-    """Raise a clear error unless ``kernel`` is odd and ≥ 1 and ``pooling`` is one of :data:`POOLING_MODES`."""
-    if kernel < 1 or kernel % 2 == 0:
-        raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
-    if pooling not in POOLING_MODES:
-        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}; got {pooling!r}")
-
-
-def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.Tensor:
-    """1-D pooling along the sequence (SnapKV's clustering), same length out.
-
-    Args:
-        scores: ``(..., S)``.
-        kernel: odd window size; 1 returns ``scores`` unchanged.
-        mode: one of :data:`POOLING_MODES`.
-    """
-    check_pooling(kernel, mode)
-    if kernel == 1 or scores.shape[-1] == 0:
-        return scores
-    shape = scores.shape
-    flat = scores.reshape(-1, 1, shape[-1])
-    if mode == "max":
-        pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
-    else:
-        pooled = F.avg_pool1d(
-            flat, kernel, stride=1, padding=kernel // 2, count_include_pad=mode == "avg_zero_pad"
-        )
-    return pooled.reshape(shape)

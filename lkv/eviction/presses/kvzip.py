@@ -17,82 +17,15 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lkv.core.attention import AttentionCapture, query_blocks
 from lkv.core.chat import chat_parts
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
-from lkv.core.reconstruction import REPEAT_INSTRUCTION
+from lkv.core.reconstruction import REPEAT_INSTRUCTION, ReconstructionCapture
 from lkv.eviction.presses.base import Press, PressContext
 
 # the same sentence as the probe's KVzip+ targets (lkv.core.reconstruction), as a new paragraph
 REPEAT_PROMPT = "\n\n" + REPEAT_INSTRUCTION
 REPEAT_PART_PROMPT = "\n\nRepeat the part of the previous context exactly, starting with"
-
-
-class ReconstructionCapture(AttentionCapture):
-    """The largest attention a reconstruction block's queries pay to each entry of one context chunk.
-
-    In every layer the block's queries attend (softmax) over the sink's ``sink`` keys, the chunk's keys
-    ``start..end`` and the block's own keys (causally); the rest of the cache is left out of the normalisation.
-
-    Args:
-        num_keys: ``S``, the prompt length (the cache holds ``S`` entries before the block).
-        sink: leading prompt entries that take part in every chunk's softmax.
-        start, end: the chunk's prompt positions.
-    """
-
-    def __init__(self, num_keys: int, sink: int, start: int, end: int) -> None:
-        super().__init__(num_keys)
-        if not 0 <= sink <= start < end <= num_keys:
-            raise ValueError(f"expected 0 ≤ sink ≤ start < end ≤ S, got {sink}, {start}, {end}, S={num_keys}")
-        self.sink, self.start, self.end = sink, start, end
-        self.chunk_scores: dict[int, torch.Tensor] = {}
-
-    def observe(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float,
-        value: torch.Tensor | None = None,
-    ) -> None:
-        """Shapes as in :meth:`lkv.core.attention.ImportanceCapture.observe`; ``key`` holds ``S`` + the block."""
-        batch, heads, q_len, head_dim = query.shape
-        if key.shape[2] != self.num_keys + q_len:
-            raise ValueError(
-                f"layer {layer_idx}: {key.shape[2]} keys, expected the prompt's {self.num_keys} + the block's {q_len}"
-            )
-        keys = torch.cat(
-            [key[:, :, : self.sink], key[:, :, self.start : self.end], key[:, :, -q_len:]], dim=2
-        )
-        keys = keys.float()
-        kv_heads, width = keys.shape[1], keys.shape[2]
-        chunk = slice(self.sink, self.sink + self.end - self.start)
-        best = None
-        for first, stop in query_blocks(0, q_len, batch * heads * width):
-            grouped = query[:, :, first:stop].reshape(
-                batch, kv_heads, heads // kv_heads, stop - first, head_dim
-            )
-            # fp32 even under bf16 autocast (the scores of ~S keys are small); the block's causal mask is applied
-            # in place to its own columns only (the sink and the chunk are visible to every query)
-            with torch.autocast(query.device.type, enabled=False):
-                logits = torch.einsum("bkgqd,bknd->bkgqn", grouped.float(), keys) * scaling
-                rows = torch.arange(first, stop, device=keys.device)[:, None]
-                later = torch.arange(q_len, device=keys.device)[None, :] > rows
-                logits[..., width - q_len :].masked_fill_(later, float("-inf"))
-                part = torch.softmax(logits, dim=-1)[..., chunk].amax(dim=(2, 3))
-            best = part if best is None else torch.maximum(best, part)
-        self.chunk_scores[layer_idx] = best
-
-    def layer_scores(self, num_layers: int) -> torch.Tensor:
-        """``(batch, layers, kv_heads, end - start)`` scores of the chunk."""
-        if sorted(self.chunk_scores) != list(range(num_layers)):
-            raise RuntimeError(
-                f"the reconstruction block was observed in layers {sorted(self.chunk_scores)}, expected "
-                f"0..{num_layers - 1}: was the model prepared with lkv.core.attention.install_capture()?"
-            )
-        return torch.stack([self.chunk_scores[layer] for layer in range(num_layers)], dim=1)
 
 
 class KVzipPress(Press):
@@ -140,14 +73,17 @@ class KVzipPress(Press):
                 opening = encode(ctx.tokenizer, REPEAT_PART_PROMPT) + previous
             block = torch.tensor([opening + suffix], device=ids.device)
             block = torch.cat([block, ids[:, start:end]], dim=1)
-            capture = ReconstructionCapture(ctx.prompt_len, sink, start, end)
+            # every block query counts, each softmax over the sink, the chunk and the block
+            capture = ReconstructionCapture(ctx.prompt_len, window=(sink, start, end), weighted=False)
             try:
                 ctx.model.get_decoder()(
                     input_ids=block, **cache_kwargs(ctx.cache), use_cache=True, lkv_capture=capture
                 )
             finally:
                 crop_to(ctx.cache, ctx.prompt_len)
-            scores[..., start:end] = capture.layer_scores(num_layers)
+            # the largest attention of any query head of the KV head's group
+            chunk = [capture.maxima(layer).amax(dim=2) for layer in range(num_layers)]
+            scores[..., start:end] = torch.stack(chunk, dim=1)
         return scores
 
 

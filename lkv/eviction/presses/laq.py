@@ -15,16 +15,16 @@ from abc import abstractmethod
 
 import torch
 
-from lkv.core.attention import ImportanceCapture
+from lkv.core.budget import Budget
 from lkv.core.cache import CompressedCache, gather_cache
 from lkv.core.generation import crop_to, decode
 from lkv.core.importance import response_importance
-from lkv.eviction.presses.base import Press, PressContext, check_pooling, pool_scores
-from lkv.eviction.presses.selector import budget_tokens, check_budget, select_indices
-from lkv.eviction.presses.snapkv import snapkv_scores
+from lkv.eviction.presses.base import PressContext
+from lkv.eviction.presses.snapkv import WindowPress, snapkv_scores
+from lkv.eviction.selector import pool_scores, select_indices
 
 
-class PseudoQueryPress(Press):
+class PseudoQueryPress(WindowPress):
     """Scores the prompt with the queries of a short pseudo response plus the last ``window`` prompt queries.
 
     Every query counts once: with ``A_w`` the window's and ``A_p`` the ``n`` pseudo tokens' normalised
@@ -34,26 +34,14 @@ class PseudoQueryPress(Press):
 
     Args:
         num_tokens: pseudo-response tokens to generate (fewer if the draft emits EOS).
-        window: observation window of prompt queries (SnapKV's 32).
-        kernel, pooling: 1-D pooling of the prefix scores (odd kernel; 1 = none).
+        window, kernel, pooling: see :class:`~lkv.eviction.presses.snapkv.WindowPress`.
     """
 
     def __init__(self, num_tokens: int = 8, window: int = 32, kernel: int = 7, pooling: str = "max") -> None:
+        super().__init__(window, kernel, pooling)
         if num_tokens <= 0:
             raise ValueError(f"num_tokens must be positive, got {num_tokens}")
-        if window <= 0:
-            raise ValueError(f"window must be positive, got {window}")
-        check_pooling(kernel, pooling)
         self.num_tokens = num_tokens
-        self.window = window
-        self.kernel = kernel
-        self.pooling = pooling
-
-    def prefill_capture(self, prompt_len: int) -> ImportanceCapture:
-        return ImportanceCapture(num_keys=prompt_len, last_queries=self.window)
-
-    def protected(self, prompt_len: int) -> tuple[int, int]:
-        return 0, min(self.window, prompt_len)
 
     @abstractmethod
     def pseudo_response(self, ctx: PressContext, window_attention: torch.Tensor) -> list[int]:
@@ -106,17 +94,17 @@ class LAQPress(PseudoQueryPress):
 
     def __init__(
         self,
-        draft_budget: int | float = 128,
+        draft_budget: Budget | int | float = 128,
         num_tokens: int = 8,
         window: int = 32,
         kernel: int = 7,
         pooling: str = "max",
     ) -> None:
         super().__init__(num_tokens, window, kernel, pooling)
-        self.draft_budget = check_budget(draft_budget)
+        self.draft_budget = Budget.of(draft_budget)
 
     def pseudo_response(self, ctx: PressContext, window_attention: torch.Tensor) -> list[int]:
-        budget = budget_tokens(self.draft_budget, ctx.prompt_len)
+        budget = self.draft_budget.tokens(ctx.prompt_len)
         window = min(self.window, ctx.prompt_len)
         if budget >= ctx.prompt_len:
             # Nothing to evict: generate on the prompt cache itself, then drop what was appended.

@@ -1,21 +1,24 @@
-"""LookaheadKV: the trained lookahead module predicts the importance the future response will assign."""
+"""LookaheadKV: the trained lookahead module predicts the importance the future response will assign.
+
+:func:`load_lookahead` loads an ``lkv export`` folder: its base model, tokenizer and this press.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.eviction.presses.base import (
     LayerScorer,
     Press,
     PressContext,
     StreamContext,
-    check_pooling,
-    pool_scores,
 )
-from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter
+from lkv.eviction.selector import check_pooling, pool_scores
+from lkv.model.backbone import DEFAULT_MODEL, load_backbone
+from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter, exported_base_model
 
 # Max-pooling the predicted scores over 7 positions before top-C keeps a value's tokens together; on the
 # embedded model it keeps more FullKV-solved needles at C = 128–256, near and far from the end of the prompt,
@@ -33,7 +36,7 @@ class LookaheadKVPress(Press):
     Args:
         adapter: the trained lookahead module.
         kernel, pooling: 1-D pooling of the predicted scores over the prompt (odd kernel, 1 = none, the paper's;
-            default max over 7, :data:`DEFAULT_KERNEL`; see :data:`~lkv.eviction.presses.base.POOLING_MODES`):
+            default max over 7, :data:`DEFAULT_KERNEL`; see :data:`~lkv.eviction.selector.POOLING_MODES`):
             a kept token keeps its neighbours' chance, so a value spelled over several tokens (a 7-digit number
             is 7 tokens in SmolLM2) is kept whole rather than in part.
     """
@@ -81,3 +84,29 @@ class LookaheadKVPress(Press):
             raise ValueError(
                 "the LookaheadKV adapter was loaded on another model than the one being compressed"
             )
+
+
+def load_lookahead(
+    adapter: str | Path,
+    model: str | None = None,
+    dtype: str = "float32",
+    attn_implementation: str = "sdpa",
+    device: str | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, LookaheadKVPress]:
+    """``(base model, tokenizer, press)`` for a trained lookahead module in an ``lkv export`` folder.
+
+    Args:
+        adapter: an ``lkv export`` folder (:func:`lkv.train.export.resolve_adapter` turns an ``lkv fit``
+            checkpoint into one).
+        model: the base model; default: the one the folder was exported from, else ``smollm2-135m``.
+    """
+    path = Path(adapter)
+    if not path.is_dir():
+        raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
+    net, tokenizer = load_backbone(
+        model or exported_base_model(path) or DEFAULT_MODEL,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+    )
+    return net, tokenizer, LookaheadKVPress.from_folder(path, net)

@@ -10,9 +10,8 @@ from lkv.eviction.presses.base import (
     Press,
     PressContext,
     StreamContext,
-    check_pooling,
-    pool_scores,
 )
+from lkv.eviction.selector import check_pooling, pool_scores
 
 
 def snapkv_scores(
@@ -23,7 +22,7 @@ def snapkv_scores(
     Args:
         window_attention: ``(..., S)`` attention of the last ``window`` queries on the prompt (any scale).
         window: observation window size; its positions get ``+inf`` (always kept).
-        kernel, pooling: 1-D pooling over the prefix (paper: 7, max; :data:`~lkv.eviction.presses.base.POOLING_MODES`).
+        kernel, pooling: 1-D pooling over the prefix (paper: 7, max; :data:`~lkv.eviction.selector.POOLING_MODES`).
 
     Returns:
         ``(..., S)`` scores: pooled prefix attention, ``+inf`` on the window.
@@ -35,15 +34,16 @@ def snapkv_scores(
     return torch.cat([prefix, inf], dim=-1)
 
 
-class SnapKVPress(Press):
-    """SnapKV (Li et al., 2024); defaults are the paper settings: window 32, max-pool kernel 7.
+class WindowPress(Press):
+    """A press that reads the attention of the last ``window`` prompt queries (captured in the prefill), pools
+    the prefix's scores and always keeps the window: SnapKV, PyramidKV and the pseudo-query presses (LAQ,
+    SpecKV) built on it.
 
-    ``pooling="avg_zero_pad"`` pools as NVIDIA kvpress's ``SnapKVPress`` does (its kept sets equal lkv's
-    then; docs/kvpress.md); ``"avg"`` does not penalise the prefix's edge tokens for the zero padding.
+    Args:
+        window: observation window of prompt queries (SnapKV's 32).
+        kernel, pooling: 1-D pooling of the prefix scores (odd kernel; 1 = none;
+            :data:`~lkv.eviction.selector.POOLING_MODES`).
     """
-
-    name = "snapkv"
-    streamable = True
 
     def __init__(self, window: int = 32, kernel: int = 7, pooling: str = "max") -> None:
         if window <= 0:
@@ -56,12 +56,23 @@ class SnapKVPress(Press):
     def prefill_capture(self, prompt_len: int) -> ImportanceCapture:
         return ImportanceCapture(num_keys=prompt_len, last_queries=self.window)
 
+    def protected(self, prompt_len: int) -> tuple[int, int]:
+        return 0, min(self.window, prompt_len)
+
+
+class SnapKVPress(WindowPress):
+    """SnapKV (Li et al., 2024); defaults are the paper settings: window 32, max-pool kernel 7.
+
+    ``pooling="avg_zero_pad"`` pools as NVIDIA kvpress's ``SnapKVPress`` does (its kept sets equal lkv's
+    then; docs/kvpress.md); ``"avg"`` does not penalise the prefix's edge tokens for the zero padding.
+    """
+
+    name = "snapkv"
+    streamable = True
+
     def score(self, ctx: PressContext) -> torch.Tensor:
         attention = ctx.capture.scores(ctx.model.config.num_hidden_layers)
         return snapkv_scores(attention, self.window, self.kernel, self.pooling)
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
         return lambda layer: snapkv_scores(ctx.capture.take(layer), self.window, self.kernel, self.pooling)
-
-    def protected(self, prompt_len: int) -> tuple[int, int]:
-        return 0, min(self.window, prompt_len)

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from lkv.core.timing import Case
+from lkv.perf.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 MIB = 2**20

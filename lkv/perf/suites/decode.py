@@ -20,9 +20,10 @@ from transformers import PreTrainedModel
 from lkv.core.batched_generation import greedy_batch, stack_caches
 from lkv.core.cache import cache_bytes
 from lkv.core.generation import decode, prefill
-from lkv.core.timing import Case
-from lkv.eviction.compressor import CompressedPrompt, Compressor
+from lkv.eviction.compressor import Compressor
+from lkv.eviction.records import CompressedPrompt
 from lkv.perf.suites.base import MIB, BatchSizes, Measured, Suite, batch_size, fmt, ratio, timed
+from lkv.perf.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 BATCHES = BatchSizes("tokens")

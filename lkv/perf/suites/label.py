@@ -18,11 +18,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from lkv.core.timing import Case
 from lkv.labels.batched import label_batch, length_batches
 from lkv.labels.labeller import label_prompt
 from lkv.perf.suites.base import MIB, BatchSizes, Measured, Suite, batch_size, fmt, ratio, timed
-from lkv.perf.timing import linear_fit
+from lkv.perf.timing import Case, linear_fit
 from lkv.perf.workbench import BenchSettings, Workbench
 
 BATCHES = BatchSizes("prompts")

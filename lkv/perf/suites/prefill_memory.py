@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lkv.core.timing import Case
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.streamed import peak_kv_bytes
 from lkv.perf.suites.base import MIB, Measured, Suite, fmt, ratio, timed
+from lkv.perf.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 

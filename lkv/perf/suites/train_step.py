@@ -11,9 +11,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from lkv.core.timing import Case
 from lkv.perf.naive_step import naive_loss
 from lkv.perf.suites.base import MIB, Measured, Suite, fmt, ratio, timed, value
+from lkv.perf.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 NAIVE = {"naive": "", "naive-eager": "_eager"}  # variant → suffix of its derived figures

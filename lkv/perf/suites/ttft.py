@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from lkv.core.generation import prefill
-from lkv.core.timing import Case
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
 from lkv.perf.suites.base import Measured, Suite, fmt, timed
+from lkv.perf.timing import Case
 from lkv.perf.workbench import BenchSettings, Workbench
 
 

@@ -15,13 +15,13 @@ main module itself.
 Logged (TensorBoard overlays the points): ``ablation/<point>/train/loss`` every step and, after every
 validation, ``ablation/<point>/val/kl``, ``…/val/recall@C`` for the main module's ``eval_budgets`` and
 ``…/val/kendall_tau`` (:func:`lkv.core.metrics.ranking_metrics`, on the device), ``<point>`` as named by
-:func:`lkv.train.grid.point_name` (``num_lookahead=4,lora_targets=q_proj+v_proj``), the names ``lkv sweep``
+:func:`lkv.sweep.grid.point_name` (``num_lookahead=4,lora_targets=q_proj+v_proj``), the names ``lkv sweep``
 gives its points. Checkpoints hold every sibling's trainable weights, optimiser and schedule (the callback's
 state), so a resumed fit continues all of them.
 
 At the end of the fit (global rank 0), in ``output`` (default ``<log_dir>/ablation``): every point's lookahead
-step timed against a plain prefill (:func:`lkv.train.overhead.lookahead_overhead`), ``adapters/<point>/``
-(an ``lkv export`` folder per point, for ``lkv eval --adapter``), and the summary of :func:`lkv.train.grid.write_summary`
+step timed against a plain prefill (:func:`lkv.perf.overhead.lookahead_overhead`), ``adapters/<point>/``
+(an ``lkv export`` folder per point, for ``lkv eval --adapter``), and the summary of :func:`lkv.sweep.grid.write_summary`
 (``summary.csv``, ``summary.md``, ``results/``, ``plots/score_vs_size.png``, ``plots/overhead_vs_size.png``).
 """
 
@@ -40,10 +40,10 @@ from torchmetrics import MetricCollection
 
 from lkv.core.metrics import ranking_metrics
 from lkv.model.lookahead import LookaheadAdapter
+from lkv.perf.overhead import lookahead_overhead
+from lkv.sweep.grid import grid_points, point_name, write_summary
 from lkv.train.base import SharedPrefill
-from lkv.train.grid import grid_points, point_name, write_summary
 from lkv.train.module import LookaheadKVModule, adapter_settings, draw_position_offset, training_loss
-from lkv.train.overhead import lookahead_overhead
 
 # Module settings a grid may vary: the arguments of `LookaheadAdapter.create` and the training step's position
 # offset and loss; the optimiser is the main one's.
@@ -191,6 +191,12 @@ class LookaheadAblation(L.Callback):
 
     def _siblings(self) -> list[Point]:
         return [p for p in self.points or [] if p.adapter is not None]
+
+    def siblings(self) -> dict[str, tuple[LookaheadAdapter, str]]:
+        """Every sibling module by point name, with the prefix of its logged validation metrics
+        (``ablation/<point>/val``), for other callbacks of the fit (:class:`lkv.train.callbacks.SiblingModules`);
+        the main module's own point is not a sibling."""
+        return {p.name: (p.adapter, f"{PREFIX}/{p.name}/val") for p in self._siblings()}
 
     # -- training -------------------------------------------------------------------------------------------
 

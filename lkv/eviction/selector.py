@@ -2,7 +2,8 @@
 
 Every eviction method goes through :func:`select_indices`, so methods differ only in their scores (and, for
 PyramidKV, in how the total budget is spread over layers). Ties are broken towards the earlier position,
-which makes the selection deterministic.
+which makes the selection deterministic. The 1-D score pooling (:func:`pool_scores`) lives here too: the
+selector applies it to any method's scores, and SnapKV, LAQ and LookaheadKV pool their own with it.
 
 How a layer's budget is spread over its KV heads (``head_budget``):
 
@@ -19,48 +20,47 @@ How a layer's budget is spread over its KV heads (``head_budget``):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
-from lkv.eviction.presses.base import pool_scores
+POOLING_MODES = ("max", "avg", "avg_zero_pad")
+"""1-D pooling modes: ``max``; ``avg`` over the real values under the kernel (at the prefix's edges fewer than
+``kernel``); ``avg_zero_pad`` divides by ``kernel`` everywhere, counting the zero padding at the edges
+(``F.avg_pool1d``'s default, as NVIDIA kvpress's SnapKV/PyramidKV pool)."""
 
 
-def check_budget(budget: int | float) -> int | float:
-    """Validate a budget: an ``int`` ≥ 1 is tokens per KV head, a ``float`` in ``(0, 1]`` a ratio of ``S``.
+def check_pooling(kernel: int, pooling: str) -> None:
+    """Raise a clear error unless ``kernel`` is odd and ≥ 1 and ``pooling`` is one of :data:`POOLING_MODES`."""
+    if kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"pooling kernel must be an odd number ≥ 1, got {kernel}")
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}; got {pooling!r}")
 
-    A whole float above 1 (``128.0``, as a command line may give it) counts as tokens.
 
-    Returns:
-        the budget as an ``int`` (tokens) or a ``float`` (ratio).
+def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.Tensor:
+    """1-D pooling along the sequence (SnapKV's clustering), same length out.
+
+    Args:
+        scores: ``(..., S)``.
+        kernel: odd window size; 1 returns ``scores`` unchanged.
+        mode: one of :data:`POOLING_MODES`.
     """
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"budget must be an int (tokens per head) or a float ratio, got {budget!r}")
-    if isinstance(budget, int):
-        if budget <= 0:
-            raise ValueError(f"budget must be ≥ 1 token per head, got {budget}")
-        return budget
-    if not math.isfinite(budget) or budget <= 0:
-        raise ValueError(
-            f"budget must be positive: a ratio in (0, 1] or a whole number of tokens, got {budget}"
+    check_pooling(kernel, mode)
+    if kernel == 1 or scores.shape[-1] == 0:
+        return scores
+    shape = scores.shape
+    flat = scores.reshape(-1, 1, shape[-1])
+    if mode == "max":
+        pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
+    else:
+        pooled = F.avg_pool1d(
+            flat, kernel, stride=1, padding=kernel // 2, count_include_pad=mode == "avg_zero_pad"
         )
-    if budget <= 1:
-        return budget
-    if not budget.is_integer():
-        raise ValueError(
-            f"budget {budget} is neither a ratio in (0, 1] nor a whole number of tokens per head (e.g. 128)"
-        )
-    return int(budget)
-
-
-def budget_tokens(budget: int | float, prompt_len: int) -> int:
-    """Tokens kept per KV head for a prompt of ``prompt_len`` (a ratio rounds, keeping at least one)."""
-    budget = check_budget(budget)
-    if isinstance(budget, float):
-        return max(1, round(budget * prompt_len))
-    return budget
+    return pooled.reshape(shape)
 
 
 HeadBudget = Literal["equal", "adaptive"]
@@ -88,27 +88,54 @@ def adaptive_width(budget: int, kv_heads: int, prompt_len: int, safeguard: float
     return min(prompt_len, budget * kv_heads - (kv_heads - 1) * safeguarded(budget, safeguard))
 
 
+@dataclass(frozen=True)
+class Selection:
+    """How the selector turns scores into kept positions, beside the budget: one value, checked when made.
+
+    Attributes:
+        sink, recent: the first ``sink`` and last ``recent`` prompt positions are always kept (they count
+            against the budget).
+        kernel, pooling: optional 1-D pooling of the finite scores (:data:`POOLING_MODES`, odd kernel; 1 = none).
+        head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV; see the module
+            docstring).
+        safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``).
+    """
+
+    sink: int = 0
+    recent: int = 0
+    kernel: int = 1
+    pooling: str = "max"
+    head_budget: HeadBudget = "equal"
+    safeguard: float = SAFEGUARD
+
+    def __post_init__(self) -> None:
+        if self.sink < 0 or self.recent < 0:
+            raise ValueError(f"sink and recent must be ≥ 0, got sink={self.sink}, recent={self.recent}")
+        check_pooling(self.kernel, self.pooling)
+        check_head_budget(self.head_budget, self.safeguard)
+
+    def protecting(self, sink: int, recent: int) -> Selection:
+        """These settings, keeping at least ``sink`` leading and ``recent`` trailing positions (a method's own)."""
+        return replace(self, sink=max(self.sink, sink), recent=max(self.recent, recent))
+
+
+DEFAULT_SELECTION = Selection()
+"""No sink or recent window of the user's, no pooling, equal head budgets."""
+
+
 def select_indices(
     scores: torch.Tensor,
     budgets: Sequence[int],
-    sink: int = 0,
-    recent: int = 0,
-    kernel: int = 1,
-    pooling: str = "max",
-    head_budget: HeadBudget = "equal",
-    safeguard: float = SAFEGUARD,
+    selection: Selection = DEFAULT_SELECTION,
     width: int | None = None,
 ) -> list[torch.Tensor]:
     """Top-``C_l`` prompt positions per layer and KV head (``adaptive``: ``C_l · kv_heads`` per layer).
 
     Args:
         scores: ``(1, layers, kv_heads, S)``, higher = keep; ``+inf`` marks positions a method always keeps.
-        budgets: ``C_l`` per layer; ``C_l ≥ S`` keeps the whole layer.
-        sink, recent: the first ``sink`` and last ``recent`` positions are always kept (they count against
-            the budget).
-        kernel, pooling: optional 1-D pooling of the finite scores (``POOLING_MODES``, odd kernel; 1 = none).
-        head_budget: ``equal`` or ``adaptive`` (AdaKV; see the module docstring).
-        safeguard: under ``adaptive``, the share of ``C_l`` every head keeps (AdaKV's ``alpha_safeguard``).
+        budgets: ``C_l`` per layer (derived from a :class:`~lkv.core.budget.Budget`); ``C_l ≥ S`` keeps the
+            whole layer.
+        selection: sink, recent window, pooling and how a layer's budget is spread over its heads.
         width: under ``adaptive``, pad every layer's rows to this many slots (at least
             :func:`adaptive_width`) instead of to its widest head's count.
 
@@ -117,14 +144,12 @@ def select_indices(
         ``adaptive`` a layer's rows are as long as its widest head's count (or ``width``); a shorter head's row
         ends in ``-1`` padding (gathered as masked slots: :func:`lkv.core.cache.gather_layer`).
     """
-    check_head_budget(head_budget, safeguard)
+    sink, recent, kernel, pooling = selection.sink, selection.recent, selection.kernel, selection.pooling
     if scores.ndim != 4 or scores.shape[0] != 1:
         raise ValueError(f"scores must be (1, layers, kv_heads, S), got shape {tuple(scores.shape)}")
     num_layers, prompt_len = scores.shape[1], scores.shape[3]
     if len(budgets) != num_layers:
         raise ValueError(f"got {len(budgets)} layer budgets for {num_layers} layers")
-    if sink < 0 or recent < 0:
-        raise ValueError(f"sink and recent must be ≥ 0, got sink={sink}, recent={recent}")
     scores = scores.float()
     if torch.isnan(scores).any():
         raise ValueError("scores contain NaN")
@@ -150,10 +175,10 @@ def select_indices(
                 f"layer {layer}: budget {budget} is smaller than the {int(protected_count[0, layer])} positions "
                 "that must be kept (sink, recent window, the method's own window); raise the budget or shrink them"
             )
-        if head_budget == "equal":
+        if selection.head_budget == "equal":
             kept.append(order[:, layer, :, :budget].sort(dim=-1).values)
         else:
-            kept.append(_adaptive(ranked[:, layer], order[:, layer], budget, safeguard, width))
+            kept.append(_adaptive(ranked[:, layer], order[:, layer], budget, selection.safeguard, width))
     return kept
 
 

@@ -11,13 +11,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import lkv.eviction.compressor
+import lkv.eviction.presses.lookaheadkv
 import lkv.train.module
 from lkv.core.generation import prefill
-from lkv.eviction.compressor import load_lookahead
-from lkv.train.ablation import LookaheadAblation
+from lkv.eviction.presses.lookaheadkv import load_lookahead
+from lkv.sweep.ablation import LookaheadAblation
+from lkv.sweep.grid import grid_points, point_name
 from lkv.train.datamodule import LabelDataModule
-from lkv.train.grid import grid_points, point_name
 from lkv.train.module import LookaheadKVModule
 from tests.conftest import TINY, build_tiny_model
 
@@ -204,7 +204,7 @@ def test_tensorboard_export_and_summary(tiny_backbone, label_folders, tmp_path, 
 
     # every point's adapter folder loads as `lkv eval --adapter` does, and predicts as it did in the fit
     monkeypatch.setattr(
-        lkv.eviction.compressor, "load_backbone", lambda model, **kw: build_tiny_model("llama")
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda model, **kw: build_tiny_model("llama")
     )
     ids = torch.randint(0, 300, (1, 40), generator=torch.Generator().manual_seed(0))
     for point in callback.points:

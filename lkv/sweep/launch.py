@@ -1,7 +1,7 @@
 """`lkv sweep` on a cluster: every grid point as one job of a SLURM job array, submitted through submitit.
 
 The ``launcher:`` section of a sweep config (:class:`Launcher`) names the executor and the resources of
-*one point's* job. Each job calls the same :func:`lkv.commands.sweep.run_point` as the local mode, so a
+*one point's* job. Each job calls the same :func:`lkv.sweep.points.run_point` as the local mode, so a
 point's ``result.json`` is the same whichever way it ran; ``lkv sweep --summarize true`` collects them.
 
 A point that trains on G GPUs runs as G tasks of one job (``tasks_per_node = gpus_per_node``): submitit
@@ -27,6 +27,9 @@ from typing import Any, Literal, get_args
 
 import submitit
 from submitit.core.utils import JobPaths, pickle_load
+
+from lkv.sweep.grid import point_name
+from lkv.sweep.points import RESULT_FILE, fit_values, point_config, run_point
 
 JOB_FILE = "job.json"
 JOBS_FOLDER = "jobs"
@@ -270,3 +273,66 @@ def submit_points(
         point_folder.mkdir(parents=True, exist_ok=True)
         write_job_record(point_folder, job, launcher.executor)
     return jobs
+
+
+def point_job(
+    values: dict[str, Any],
+    base: dict[str, Any],
+    output: Path,
+    eval_config: str | None,
+    overhead_tokens: int,
+    overhead_repeats: int,
+    device: str | None,
+) -> dict[str, Any] | None:
+    """What one job of a launched sweep runs: :func:`run_point`, as this task's rank of the job."""
+    return run_point(
+        values, base, output, eval_config, overhead_tokens, overhead_repeats, device, rank=job_rank()
+    )
+
+
+def launch_points(
+    launcher: Launcher,
+    points: list[dict[str, Any]],
+    base: dict[str, Any],
+    output: Path,
+    job_args: tuple[Any, ...],
+) -> tuple[list[submitit.Job], str]:
+    """Submit every point that has no result and no job still queued or running as one job array.
+
+    ``job_args``: the arguments of :func:`point_job` after ``values``, ``base`` and ``output``. Returns
+    the jobs and a line saying what was submitted, done and still in flight.
+    """
+    unfinished = [v for v in points if not (output / "points" / point_name(v) / RESULT_FILE).is_file()]
+    records = {point_name(v): read_job_record(output / "points" / point_name(v)) for v in unfinished}
+    running = active_jobs([r for r in records.values() if r is not None])
+    todo, active = [], []
+    for values in unfinished:
+        record = records[point_name(values)]
+        if record is not None and record["job_id"] in running:
+            active.append(f"{point_name(values)} (job {record['job_id']})")
+        else:
+            todo.append(values)
+    done = len(points) - len(unfinished)
+    # the trainer each job will run (the folders do not matter here)
+    fits = {point_name(v): point_config(base, fit_values(v), output, output) for v in todo}
+    check_points_fit(launcher, fits)
+    jobs_folder = Path(launcher.folder) if launcher.folder else output / JOBS_FOLDER
+    jobs = []
+    if todo:
+        jobs = submit_points(
+            launcher,
+            jobs_folder,
+            [output / "points" / point_name(v) for v in todo],
+            point_job,
+            [(v, base, output, *job_args) for v in todo],
+        )
+    if len(jobs) > 1:
+        span = f"jobs {jobs[0].job_id} … {jobs[-1].job_id}"
+    else:
+        span = f"job {jobs[0].job_id}" if jobs else "no job"
+    line = (
+        f"lkv sweep: {len(points)} points: {len(todo)} submitted to {launcher.executor} ({span}, logs in "
+        f"{jobs_folder}), {done} already done, {len(active)} still queued or running"
+        + (f": {', '.join(active)}" if active else "")
+    )
+    return jobs, line

@@ -1,8 +1,8 @@
-"""The sweep/ablation summary of :mod:`lkv.train.grid`: intervals in its tables, a one-axis grid's plot."""
+"""The sweep/ablation summary of :mod:`lkv.sweep.grid`: intervals in its tables, a one-axis grid's plot."""
 
 import csv
 
-from lkv.train.grid import write_summary
+from lkv.sweep.grid import write_summary
 
 
 def _result(size: int, recall: float, interval: list[float] | None) -> dict:

@@ -2,7 +2,7 @@
 
 The lookahead step is :meth:`LookaheadAdapter.predict` on the prompt's cache (``M`` tokens with the adapter
 on, capture of their attention rows, crop back). Every module and the plain prefill run interleaved
-(:func:`lkv.core.timing.time_interleaved`, medians of ``repeats``), so modules sharing one frozen model (an
+(:func:`lkv.perf.timing.time_interleaved`, medians of ``repeats``), so modules sharing one frozen model (an
 in-run ablation) are timed in one pass against one prefill timing.
 """
 
@@ -12,8 +12,8 @@ import torch
 from transformers import PreTrainedModel
 
 from lkv.core.generation import prefill
-from lkv.core.timing import Case, time_interleaved
 from lkv.model.lookahead import LookaheadAdapter
+from lkv.perf.timing import Case, time_interleaved
 
 PREFILL = "prefill"
 
