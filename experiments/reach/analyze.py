@@ -213,6 +213,16 @@ def _kept(values: list[float]) -> str:
     return f"{k}/{n} = {_pct(low, k / n, high)}"
 
 
+def paired_cell(mine: dict[Any, float], theirs: dict[Any, float], keys: list[Any]) -> str:
+    """``mine`` − ``theirs`` on ``keys`` (0/1 outcomes): points (wins/losses) and the exact McNemar p; bold
+    when p < 0.05; "–" without keys."""
+    if not keys:
+        return "–"
+    result = mcnemar_exact([mine[k] for k in keys], [theirs[k] for k in keys])
+    mark = "**" if result.significant else ""
+    return f"{mark}{100 * result.diff:+.1f} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
+
+
 def paired_lines(
     outcome: dict[tuple[str, str], dict[tuple[str, str], float]],
     meta: dict[tuple[str, str], dict[str, Any]],
@@ -234,14 +244,8 @@ def paired_lines(
             cells = []
             for budget in BUDGETS:
                 mine, theirs = outcome.get((method, budget), {}), outcome.get((reference, budget), {})
-                keys = [k for k in mine if k in theirs and group(meta[k]) == name]
-                if not keys:
-                    cells.append("–")
-                    continue
-                result = mcnemar_exact([mine[k] for k in keys], [theirs[k] for k in keys])
-                mark = "**" if result.significant else ""
                 cells.append(
-                    f"{mark}{100 * result.diff:+.1f} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
+                    paired_cell(mine, theirs, [k for k in mine if k in theirs and group(meta[k]) == name])
                 )
             lines.append(f"| {method} | {name} | " + " | ".join(cells) + " |")
     lines.append("")

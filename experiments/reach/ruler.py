@@ -22,9 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from analyze import BUDGETS, FULL, _kept, _order, fullkv_solved, read
-
-from lkv.eval.stats import mcnemar_exact
+from analyze import BUDGETS, FULL, _kept, _order, fullkv_solved, paired_cell, read
 
 ROOT = Path(__file__).resolve().parents[2]
 NOT_COMPETITORS = ("fullkv", "oracle", "quest")  # reference, upper bound, full-cache decode-time selection
@@ -141,16 +139,8 @@ def paired_lines(
         cells = []
         for budget in BUDGETS:
             mine, theirs = outcome.get((module, budget), {}), outcome.get((rival.get(budget), budget), {})
-            keys = [k for k in mine if k in theirs]
-            if not keys:
-                cells.append("–")
-                continue
-            result = mcnemar_exact([mine[k] for k in keys], [theirs[k] for k in keys])
-            mark = "**" if result.significant else ""
-            cells.append(
-                f"{mark}{100 * result.diff:+.1f} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
-                f" vs {rival[budget]}"
-            )
+            cell = paired_cell(mine, theirs, [k for k in mine if k in theirs])
+            cells.append(cell if cell == "–" else f"{cell} vs {rival[budget]}")
         lines.append(f"| {module} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
