@@ -6,7 +6,9 @@ row per sample and setting, compared at every budget. A trained method (Lookahea
 every training-free baseline, one by one: the claim "beats every baseline" needs each test, not only the
 best's. 0/1 scores get the exact McNemar test, continuous ones the paired bootstrap (:mod:`lkv.eval.stats`).
 The *best training-free baseline* of a cell is the eviction method with the highest mean there among those
-that are neither trained (LookaheadKV), nor an upper bound (Oracle), nor keep the whole cache (FullKV, Quest).
+that are neither trained (LookaheadKV, the per-token probe), nor an upper bound (Oracle), nor keep the whole
+cache (FullKV, Quest). The *strongest competitor* of a lookahead module is the highest among the baselines and
+the other trained methods (the probe); a module is compared with it too where it is not the best baseline.
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ from lkv.eviction.registry import REFERENCE, Roles, roles_of
 
 
 def is_baseline(roles: Roles) -> bool:
-    """A training-free eviction baseline: not the reference nor the upper bound, not a trained lookahead
-    module, and it evicts (Quest keeps the whole cache)."""
+    """A training-free eviction baseline: not the reference nor the upper bound, needs no trained module
+    (lookahead adapter, probe), and it evicts (Quest keeps the whole cache)."""
+    return roles.role == "method" and not roles.requires and roles.evicts
+
+
+def is_competitor(roles: Roles) -> bool:
+    """What a lookahead module competes with: an evicting method that is not a lookahead module (the
+    training-free baselines and the trained per-token probe)."""
     return roles.role == "method" and roles.requires != "adapter" and roles.evicts
 
 
@@ -47,9 +55,10 @@ def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 
 def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
     """One entry per (task, setting, budget, method, reference) with reference ``fullkv``, the best baseline,
     and for the trained lookahead modules (:class:`~lkv.eviction.registry.Roles` ``requires="adapter"``) also
-    each baseline.
+    the strongest competitor (where it is not the best baseline) and each baseline.
 
-    Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline`` or ``baseline``),
+    Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline``, ``strongest
+    competitor`` or ``baseline``),
     baseline (the reference method's name), the :class:`~lkv.eval.stats.PairedResult` fields (n, diff, low,
     high, wins, losses, p, test), ``significant``, and for 0/1 tasks against FullKV ``solved`` (samples
     FullKV got right) and ``kept`` (of those, the ones the method also got right).
@@ -63,10 +72,14 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
         means = {m: _mean(cells[(task, setting, m, budget)].values()) for m in methods}
         baselines = [m for m in methods if is_baseline(roles_of(m))]
         best = max(baselines, key=lambda m: (means[m], m)) if baselines else None
+        competitors = [m for m in methods if is_competitor(roles_of(m))]
+        strongest = max(competitors, key=lambda m: (means[m], m)) if competitors else None
         for method in methods:
             mine = cells[(task, setting, method, budget)]
             references = [(REFERENCE, REFERENCE), ("best baseline", best)]
             if roles_of(method).requires == "adapter":
+                if strongest != best:
+                    references.append(("strongest competitor", strongest))
                 references += [("baseline", name) for name in sorted(baselines)]
             for reference, name in references:
                 if name is None or name == method:
@@ -116,8 +129,9 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
         + "), on the same samples. Cells: difference in points (wins/losses) and the two-sided p-value: "
         "exact McNemar for 0/1 scores, paired bootstrap otherwise; **bold** = outside noise (p < "
         f"{ALPHA:g}). Against FullKV, 0/1 tasks also give *kept*: FullKV-solved samples the method still "
-        "solves, with the share's Wilson interval. A trained method is also compared with each "
-        "training-free baseline (rows named after it).",
+        "solves, with the share's Wilson interval. A lookahead module is also compared with each "
+        "training-free baseline (rows named after it) and, where a trained competitor (the per-token probe) "
+        "beats every baseline, with that *strongest competitor*.",
         "",
     ]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -146,7 +160,8 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
 
 
 def _versus(entry: dict[str, Any]) -> str:
-    """The comparison's row label: ``fullkv``, ``best baseline``, or the baseline's name (one by one)."""
+    """The comparison's row label: ``fullkv``, ``best baseline``, ``strongest competitor``, or the baseline's
+    name (one by one)."""
     return entry["baseline"] if entry["reference"] == "baseline" else entry["reference"]
 
 
@@ -175,7 +190,7 @@ def _cell(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "–"
     text = f"{_signed(entry['diff'])} ({entry['wins']}/{entry['losses']}) p={entry['p']:.2g}"
-    if entry["reference"] == "best baseline":
+    if entry["reference"] in ("best baseline", "strongest competitor"):
         text += f" vs {entry['baseline']}"
     if entry.get("solved"):
         low, high = wilson_interval(entry["kept"], entry["solved"])

@@ -93,11 +93,13 @@ def test_reworded_questions_are_direct_requests_in_words_training_never_uses(tin
     assert asked == set(reworded.questions)  # every wording is asked
 
 
-def test_distractors_share_a_format_but_not_key_or_value(tiny_corpus, tiny_tokenizer):
-    (sample,) = task(tiny_corpus, families=("distractor",), haystacks=("essays",)).samples(tiny_tokenizer)
+@pytest.mark.parametrize(("family", "count"), [("distractor", 3), ("trained_distractors", 8)])
+def test_distractors_share_a_format_but_not_key_or_value(tiny_corpus, tiny_tokenizer, family, count):
+    (sample,) = task(tiny_corpus, families=(family,), haystacks=("essays",)).samples(tiny_tokenizer)
     fmt = fact_format(sample.meta["formats"][0])
+    assert (fmt.side == "train") == (family == "trained_distractors")
     needles = [s for s in split_sentences(sample.context) if fixed_text(fmt.statement) in s]
-    assert len(needles) == 3 and len(set(needles)) == 3
+    assert len(needles) == count and len(set(needles)) == count
     assert sum(a in n for n in needles for a in sample.answers) == 1
 
 

@@ -193,6 +193,32 @@ def test_paired_comparisons_against_fullkv_and_the_best_baseline(tmp_path):
         assert {r["method"] for r in csv.DictReader(handle)} == {"lookaheadkv", "snapkv", "tova", "quest"}
 
 
+def test_a_trained_probe_is_the_strongest_competitor_not_a_training_free_baseline(tmp_path):
+    n = 30
+    rows = _rows(
+        {
+            ("fullkv", "full"): [1.0] * n,
+            ("lookaheadkv", "64"): [1.0] * (n - 2) + [0.0] * 2,
+            ("probe", "64"): [1.0] * 20 + [0.0] * (n - 20),
+            ("snapkv", "64"): [1.0] * 10 + [0.0] * (n - 10),
+            ("lookaheadkv", "128"): [1.0] * n,
+            ("probe", "128"): [1.0] * 5 + [0.0] * (n - 5),
+            ("snapkv", "128"): [1.0] * 10 + [0.0] * (n - 10),
+        }
+    )
+    found = {(c["method"], c["reference"], c["budget"]): c for c in paired_comparisons(rows)}
+    assert found[("lookaheadkv", "best baseline", "64")]["baseline"] == "snapkv"  # the probe is trained
+    strongest = found[("lookaheadkv", "strongest competitor", "64")]
+    assert strongest["baseline"] == "probe" and (strongest["wins"], strongest["losses"]) == (8, 0)
+    # where a training-free baseline is the strongest, the best-baseline row says it once
+    assert ("lookaheadkv", "strongest competitor", "128") not in found
+    assert ("lookaheadkv", "probe", "64") not in {
+        (c["method"], c["baseline"], c["budget"]) for c in found.values() if c["reference"] == "baseline"
+    }
+    text = write_report(rows, tmp_path, methods=["fullkv", "lookaheadkv", "probe", "snapkv"]).read_text()
+    assert "| lookaheadkv | strongest competitor | **+26.7 (8/0) p=0.0078 vs probe" in text
+
+
 def test_small_cells_are_labelled_a_smoke_test(tmp_path):
     rows = _rows({("fullkv", "full"): [1.0] * 6, ("snapkv", "64"): [1.0] * 2 + [0.0] * 4})
     text = write_report(rows, tmp_path).read_text()

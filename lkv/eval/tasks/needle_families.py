@@ -31,6 +31,7 @@ from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 Distribution = Literal["in", "out"]
 HAYSTACKS = ("essays", "pydoc")
 _EVAL_KINDS = ("passphrase", "date", "name", "letter_code")
+IN_FAMILIES = ("magic_number", "passcode", "vault_code")  # the formats of the default training mix
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,12 @@ FAMILIES: dict[str, NeedleFamily] = {
         NeedleFamily("multi_needle", _EVAL_KINDS, needles=3, asked=1),
         # Three facts of one kind with different keys; only one is asked for.
         NeedleFamily("distractor", _EVAL_KINDS, needles=3, asked=1, same_format=True),
+        # Eight facts of one trained kind with different keys; one is asked for. Every one of them looks like
+        # what the training answers read, so with a budget too small for eight values only a method that
+        # reads the question knows which to keep (not in OUT_FAMILIES: a study asks for it by name).
+        NeedleFamily("trained_distractors", IN_FAMILIES, needles=8, asked=1, same_format=True),
     )
 }
-IN_FAMILIES = ("magic_number", "passcode", "vault_code")  # the formats of the default training mix
 OUT_FAMILIES = (*_EVAL_KINDS, "magic_number_reworded", "multi_needle", "distractor")
 
 
