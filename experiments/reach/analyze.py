@@ -133,11 +133,11 @@ def oracle_head_table(rows: list[dict[str, Any]], methods: list[str], distances:
     return lines
 
 
-def fullkv_solved(rows: list[dict[str, Any]]) -> set[tuple[str, str]]:
+def fullkv_solved(rows: list[dict[str, Any]], setting: str = "aware") -> set[tuple[str, str]]:
     return {
         (r["task"], r["sample"])
         for r in rows
-        if r["method"] == "fullkv" and r["budget"] == FULL and r["setting"] == "aware" and r["score"] == 1.0
+        if r["method"] == "fullkv" and r["budget"] == FULL and r["setting"] == setting and r["score"] == 1.0
     }
 
 

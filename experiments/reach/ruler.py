@@ -70,9 +70,13 @@ def score_tables(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def kept_tables(rows: list[dict[str, Any]]) -> list[str]:
-    """Markdown: FullKV-solved pairs kept per method and budget, and LookaheadKV vs the strongest competitor."""
-    solved = fullkv_solved(rows)
+def kept_tables(
+    rows: list[dict[str, Any]], budgets: tuple[str, ...] = BUDGETS, before: str | None = "lookaheadkv"
+) -> list[str]:
+    """Markdown: FullKV-solved pairs kept per method and budget, LookaheadKV vs the strongest competitor, and
+    the other modules vs ``before`` (the committed module unpooled, or None: no such table); ``rows`` of one
+    setting."""
+    solved = fullkv_solved(rows, rows[0]["setting"]) if rows else set()
     outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
     for r in rows:
         key = (r["task"], r["sample"])
@@ -86,14 +90,14 @@ def kept_tables(rows: list[dict[str, Any]]) -> list[str]:
         f"FullKV answers {len(solved)} of {len(samples)} (task, sample) pairs fully. Kept: of those, the pairs "
         "each method still answers fully, Wilson 95 %.",
         "",
-        "| method | " + " | ".join(f"C={b}" for b in BUDGETS) + " |",
-        "|---|" + "---:|" * len(BUDGETS),
+        "| method | " + " | ".join(f"C={b}" for b in budgets) + " |",
+        "|---|" + "---:|" * len(budgets),
     ]
     for method in methods:
-        cells = [_kept(list(outcome.get((method, b), {}).values())) for b in BUDGETS]
+        cells = [_kept(list(outcome.get((method, b), {}).values())) for b in budgets]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     modules = [m for m in methods if is_lookahead(m)]
-    strongest = strongest_competitors(outcome, methods)
+    strongest = strongest_competitors(outcome, methods, budgets)
     if modules and strongest:
         lines += [
             "",
@@ -102,23 +106,23 @@ def kept_tables(rows: list[dict[str, Any]]) -> list[str]:
             "",
             *paired_lines(outcome, modules, strongest),
         ]
-    after = [m for m in modules if m != "lookaheadkv"]
-    if "lookaheadkv" in modules and after:
+    after = [m for m in modules if m != before]
+    if before in modules and after:
         lines += [
-            "After against before (`lookaheadkv`, the committed module unpooled), same pairs:",
+            f"After against before (`{before}`, the committed module unpooled), same pairs:",
             "",
-            *paired_lines(outcome, after, dict.fromkeys(BUDGETS, "lookaheadkv")),
+            *paired_lines(outcome, after, dict.fromkeys(budgets, before)),
         ]
     return lines
 
 
 def strongest_competitors(
-    outcome: dict[tuple[str, str], dict[tuple[str, str], float]], methods: list[str]
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]], methods: list[str], budgets: tuple[str, ...]
 ) -> dict[str, str]:
     """Budget → the competitor with the highest kept share (no LookaheadKV module, reference or Oracle)."""
     competitors = [m for m in methods if m not in NOT_COMPETITORS and not is_lookahead(m)]
     strongest = {}
-    for budget in BUDGETS:
+    for budget in budgets:
         shares = {m: outcome.get((m, budget), {}) for m in competitors}
         shares = {m: sum(v.values()) / len(v) for m, v in shares.items() if v}
         if shares:
@@ -131,13 +135,14 @@ def paired_lines(
 ) -> list[str]:
     """Each of ``modules`` − ``rival[budget]`` on the same FullKV-solved pairs: points (wins/losses), exact
     McNemar p, the rival named in the cell."""
+    budgets = list(rival)
     lines = [
-        "| module | " + " | ".join(f"C={b}" for b in BUDGETS) + " |",
-        "|---|" + "---:|" * len(BUDGETS),
+        "| module | " + " | ".join(f"C={b}" for b in budgets) + " |",
+        "|---|" + "---:|" * len(budgets),
     ]
     for module in modules:
         cells = []
-        for budget in BUDGETS:
+        for budget in budgets:
             mine, theirs = outcome.get((module, budget), {}), outcome.get((rival.get(budget), budget), {})
             cell = paired_cell(mine, theirs, [k for k in mine if k in theirs])
             cells.append(cell if cell == "–" else f"{cell} vs {rival[budget]}")

@@ -1,0 +1,62 @@
+"""FullKV-solved samples kept, and each LookaheadKV module against the strongest competitor, per setting and
+task, for any ``lkv eval`` folders that scored the same samples.
+
+    python experiments/reach/strongest.py FOLDER [FOLDER ...] --out FILE [--budgets 64 128 256 512]
+        [--before METHOD] [--title TEXT]
+
+Folders are merged row by row (a row found in several is taken from the first); their FullKV answers must be
+the same text on every sample they share, or the script stops. Per (setting, task): of the samples FullKV
+answers fully, the share each method still answers fully (Wilson 95 %), and each LookaheadKV module against
+the competitor with the highest kept share at each budget (no Oracle, FullKV or Quest), exact McNemar
+(the tables of ``ruler.py``); with ``--before``, each other module against that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from analyze import BUDGETS, read
+from ruler import kept_tables
+
+from lkv.eval.results import row_key
+
+
+def merged(folders: list[Path]) -> list[dict[str, Any]]:
+    """The rows of ``folders``, each row key once (the first folder's row)."""
+    rows: dict[tuple[str, ...], dict[str, Any]] = {}
+    for folder in folders:
+        found = read(folder)
+        if not found:
+            raise SystemExit(f"{folder}: no results.jsonl rows")
+        for row in found:
+            key = row_key(row)
+            if key in rows and row["method"] == "fullkv" and rows[key]["prediction"] != row["prediction"]:
+                raise SystemExit(f"{folder}: FullKV answers {key} differently from an earlier folder")
+            rows.setdefault(key, row)
+    return list(rows.values())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("folders", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--budgets", nargs="+", default=list(BUDGETS))
+    parser.add_argument("--before", help="the module the others are compared with (e.g. lookaheadkv)")
+    parser.add_argument("--title", default="FullKV-solved kept, and LookaheadKV vs the strongest competitor")
+    args = parser.parse_args(argv)
+    rows = merged(args.folders)
+    lines = [f"# {args.title}", "", "Rows: " + ", ".join(f"`{f}`" for f in args.folders), ""]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        for task in dict.fromkeys(r["task"] for r in rows if r["setting"] == setting):
+            mine = [r for r in rows if r["setting"] == setting and r["task"] == task]
+            lines += [f"## {task}, {setting}", "", *kept_tables(mine, tuple(args.budgets), args.before)]
+    args.out.write_text("\n".join(lines))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
