@@ -138,6 +138,9 @@ class BuiltinPrompts(PromptSource):
         fact_depths: ``(low, high)``: a ``find_value`` fact goes at a depth (share of the passage's units before
             it) drawn uniformly in this range; e.g. ``(0.0, 0.5)`` with long passages puts the answer far from
             the end of the prompt, the reach that prompts of ~1K tokens never show. Default: anywhere.
+        distractor_facts: more facts of the asked one's format, each with another key and value, at random
+            depths of a ``find_value`` passage: only the question tells which value is asked for, so the
+            labels teach a question-aware ranking what a per-token one cannot learn. Default: none.
     """
 
     def __init__(
@@ -155,6 +158,7 @@ class BuiltinPrompts(PromptSource):
         family_weights: dict[str, float] | None = None,
         fact_formats: tuple[str, ...] = DEFAULT_FACT_FORMATS,
         fact_depths: tuple[float, float] = (0.0, 1.0),
+        distractor_facts: int = 0,
     ) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
@@ -198,6 +202,11 @@ class BuiltinPrompts(PromptSource):
                 f"fact_depths must be (low, high) with 0 ≤ low ≤ high ≤ 1, got {tuple(fact_depths)}"
             )
         self.fact_depths = (float(low), float(high))
+        if not 0 <= distractor_facts < len(TRAIN_KEYS):
+            raise ValueError(
+                f"distractor_facts must be in [0, {len(TRAIN_KEYS) - 1}], got {distractor_facts}"
+            )
+        self.distractor_facts = distractor_facts
         self._pools: dict[str, list[_Document]] | None = None
 
     count_setting = "num_prompts"
@@ -223,6 +232,7 @@ class BuiltinPrompts(PromptSource):
                 else f", fact_formats={list(self.fact_formats)}"
             )
             + ("" if self.fact_depths == (0.0, 1.0) else f", fact_depths={list(self.fact_depths)}")
+            + ("" if not self.distractor_facts else f", distractor_facts={self.distractor_facts}")
             + ")"
         )
 
@@ -273,6 +283,18 @@ class BuiltinPrompts(PromptSource):
                 low = math.ceil(self.fact_depths[0] * len(units))
                 depth = rng.randint(low, max(low, math.floor(self.fact_depths[1] * len(units))))
             units.insert(depth, _as_unit(fact.statement.format(key=key, value=value), units, depth, code))
+            if self.distractor_facts:  # no draws without them: a default prompt keeps its draws
+                keys = rng.sample([k for k in TRAIN_KEYS if k != key], self.distractor_facts)
+                for other in keys:
+                    other_value = fact.value(rng)
+                    while other_value == value:
+                        other_value = fact.value(rng)
+                    at = rng.randint(0, len(units))
+                    units.insert(
+                        at, _as_unit(fact.statement.format(key=other, value=other_value), units, at, code)
+                    )
+                    depth += at <= depth  # the asked fact moved one unit down
+                meta["distractors"] = self.distractor_facts
             instruction = rng.choice(fact.questions).format(key=key)
             answer = value
             meta["depth"] = round(depth / (len(units) - 1), 4)

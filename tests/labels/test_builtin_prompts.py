@@ -94,6 +94,31 @@ def test_fact_depths_put_the_facts_early_in_the_passage(tiny_corpus):
     assert "fact_depths=[0.0, 0.3]" in builtin(tiny_corpus, fact_depths=(0.0, 0.3)).describe()
 
 
+def test_distractor_facts_share_the_format_but_only_the_asked_key_is_asked(tiny_corpus):
+    default = list(builtin(tiny_corpus, num_prompts=12, retrieval_fraction=1.0))
+    prompts = list(builtin(tiny_corpus, num_prompts=12, retrieval_fraction=1.0, distractor_facts=3))
+    # the passage and the asked fact are the default's; without distractors nothing is drawn for them
+    assert [p.answer for p in prompts] == [p.answer for p in default]
+    assert [p.id for p in builtin(tiny_corpus, distractor_facts=0)] == [p.id for p in builtin(tiny_corpus)]
+    for prompt, plain in zip(prompts, default, strict=True):
+        content = prompt.messages[0]["content"]
+        # a fact is a sentence in prose, a comment line in code
+        facts = [f.strip().removeprefix("# ") for f in re.findall(r"[^.\n]*\b\d{7}\b[^.\n]*", content)]
+        assert len(facts) == 4 and len(set(facts)) == 4 and content.count(prompt.answer) == 1
+        asked = next(f for f in facts if prompt.answer in f)
+        template = re.sub(r"\d{7}", "#", re.sub(r"(for|of the) \w+", r"\1 K", asked))
+        assert all(re.sub(r"\d{7}", "#", re.sub(r"(for|of the) \w+", r"\1 K", f)) == template for f in facts)
+        key = re.search(r"(?:for|of the) (\w+)", asked).group(1)
+        others = {re.search(r"(?:for|of the) (\w+)", f).group(1) for f in facts} - {key}
+        question = content.split("\n\n")[-1] if "question" in prompt.meta else content.split("\n\n")[0]
+        assert key in question and len(others) == 3 and not any(k in question for k in others)
+        assert plain.answer == prompt.answer
+        assert prompt.meta["distractors"] == 3 and 0.0 <= prompt.meta["depth"] <= 1.0
+    assert "distractor_facts=3" in builtin(tiny_corpus, distractor_facts=3).describe()
+    with pytest.raises(ValueError, match="distractor_facts must be in"):
+        builtin(tiny_corpus, distractor_facts=-1)
+
+
 def test_builtin_defaults_read_the_cached_assets(tiny_corpus, monkeypatch):
     essays, stdlib = tiny_corpus
     monkeypatch.setattr(assets, "essays_dir", lambda fetch=True: essays)
