@@ -119,12 +119,15 @@ def kept_tables(
 def strongest_competitors(
     outcome: dict[tuple[str, str], dict[tuple[str, str], float]], methods: list[str], budgets: tuple[str, ...]
 ) -> dict[str, str]:
-    """Budget → the competitor with the highest kept share (no LookaheadKV module, reference or Oracle)."""
+    """Budget → the competitor with the highest kept share (no LookaheadKV module, reference or Oracle) among
+    those that scored every FullKV-solved pair of the budget (a method run on part of the samples is shown,
+    never the rival)."""
     competitors = [m for m in methods if m not in NOT_COMPETITORS and not is_lookahead(m)]
     strongest = {}
     for budget in budgets:
-        shares = {m: outcome.get((m, budget), {}) for m in competitors}
-        shares = {m: sum(v.values()) / len(v) for m, v in shares.items() if v}
+        scored = {m: outcome.get((m, budget), {}) for m in competitors}
+        most = max((len(v) for v in scored.values()), default=0)
+        shares = {m: sum(v.values()) / len(v) for m, v in scored.items() if v and len(v) == most}
         if shares:
             strongest[budget] = max(shares, key=shares.get)
     return strongest
