@@ -1,11 +1,12 @@
 """FullKV-solved samples kept, and each LookaheadKV module against the strongest competitor, per setting and
 task, for any ``lkv eval`` folders that scored the same samples.
 
-    python experiments/reach/strongest.py FOLDER [FOLDER ...] --out FILE [--budgets 64 128 256 512]
+    python experiments/reach/strongest.py FOLDER[=NAME] [FOLDER[=NAME] ...] --out FILE [--budgets 64 128 256 512]
         [--before METHOD] [--title TEXT]
 
 Folders are merged row by row (a row found in several is taken from the first); their FullKV answers must be
-the same text on every sample they share, or the script stops. Per (setting, task): of the samples FullKV
+the same text on every sample they share, or the script stops. ``FOLDER=NAME`` names that folder's methods
+``method:NAME`` (FullKV's rows excepted), e.g. a second probe seed evaluated into a folder of its own. Per (setting, task): of the samples FullKV
 answers fully, the share each method still answers fully (Wilson 95 %), and each LookaheadKV module against
 the competitor with the highest kept share at each budget (no Oracle, FullKV or Quest), exact McNemar
 (the tables of ``ruler.py``); with ``--before``, each other module against that one.
@@ -23,14 +24,17 @@ from ruler import kept_tables
 from lkv.eval.results import row_key
 
 
-def merged(folders: list[Path]) -> list[dict[str, Any]]:
-    """The rows of ``folders``, each row key once (the first folder's row)."""
+def merged(folders: list[str]) -> list[dict[str, Any]]:
+    """The rows of ``folders`` (``FOLDER`` or ``FOLDER=NAME``), each row key once (the first folder's row)."""
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
-    for folder in folders:
-        found = read(folder)
+    for spec in folders:
+        folder, _, name = spec.partition("=")
+        found = read(Path(folder))
         if not found:
             raise SystemExit(f"{folder}: no results.jsonl rows")
         for row in found:
+            if name and row["method"] != "fullkv":
+                row = {**row, "method": f"{row['method']}:{name}"}
             key = row_key(row)
             if key in rows and row["method"] == "fullkv" and rows[key]["prediction"] != row["prediction"]:
                 raise SystemExit(f"{folder}: FullKV answers {key} differently from an earlier folder")
@@ -42,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("folders", type=Path, nargs="+")
+    parser.add_argument("folders", nargs="+", help="lkv eval folders, FOLDER or FOLDER=NAME")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budgets", nargs="+", default=list(BUDGETS))
     parser.add_argument("--before", help="the module the others are compared with (e.g. lookaheadkv)")
