@@ -109,7 +109,7 @@ def kept_tables(
     after = [m for m in modules if m != before]
     if before in modules and after:
         lines += [
-            f"After against before (`{before}`, the committed module unpooled), same pairs:",
+            f"Each other module against `{before}`, same pairs:",
             "",
             *paired_lines(outcome, after, dict.fromkeys(budgets, before)),
         ]
