@@ -50,6 +50,16 @@ _COLOURS = (
     "maroon",
     "beige",
 )
+# Values of the word-valued training formats: places, two-word phrases and clock times, kinds that no
+# evaluation-only format uses (those are passphrases, dates, person names and letter codes), so a module
+# trained on them meets values that are not 7-digit numbers and is still measured on kinds it never saw.
+_CITIES = (
+    "Valparaiso", "Ulaanbaatar", "Trondheim", "Antananarivo", "Cartagena", "Samarkand", "Port Moresby",
+    "Tallinn", "Montevideo", "Kampala", "Hobart", "Bergamo", "Marrakesh", "Yerevan", "Tbilisi", "Cusco",
+    "Da Nang", "Reykjavik", "Windhoek", "Santa Cruz",
+)  # fmt: skip
+_FLAVOURS = ("smoked", "toasted", "candied", "pickled", "roasted", "dried", "crushed", "fermented")
+_FOODS = ("fennel", "ginger", "paprika", "sesame", "tamarind", "cardamom", "anchovy", "lemon peel", "chestnut")
 _CODE_LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no I/O: read as 1/0
 
 
@@ -84,6 +94,21 @@ def letter_code_value(rng: random.Random) -> str:
 def colour_value(rng: random.Random) -> str:
     """A colour word, e.g. ``teal``."""
     return rng.choice(_COLOURS)
+
+
+def city_value(rng: random.Random) -> str:
+    """A city, e.g. ``Port Moresby``."""
+    return rng.choice(_CITIES)
+
+
+def ingredient_value(rng: random.Random) -> str:
+    """A two- or three-word ingredient, e.g. ``pickled lemon peel``."""
+    return f"{rng.choice(_FLAVOURS)} {rng.choice(_FOODS)}"
+
+
+def clock_value(rng: random.Random) -> str:
+    """A clock time, e.g. ``9:35 pm``."""
+    return f"{rng.randint(1, 12)}:{rng.randrange(0, 60, 5):02d} {rng.choice(('am', 'pm'))}"
 
 
 @dataclass(frozen=True)
@@ -156,6 +181,36 @@ FACT_FORMATS: tuple[FactFormat, ...] = (
             "What colour does the text give for the {key} project?",
         ),
         colour_value,
+        "train",
+    ),
+    FactFormat(
+        "venue",
+        "It was decided that the {key} conference will be held in {value}.",
+        (
+            "In which city will the {key} conference be held?",
+            "Where does the text say the {key} conference takes place? Name the city.",
+        ),
+        city_value,
+        "train",
+    ),
+    FactFormat(
+        "ingredient",
+        "The secret ingredient of the {key} stew is {value}.",
+        (
+            "What is the secret ingredient of the {key} stew?",
+            "Which ingredient does the text name as the secret of the {key} stew?",
+        ),
+        ingredient_value,
+        "train",
+    ),
+    FactFormat(
+        "departure",
+        "The last ferry to {key} leaves at {value}.",
+        (
+            "At what time does the last ferry to {key} leave?",
+            "When does the last ferry to {key} leave, according to the text?",
+        ),
+        clock_value,
         "train",
     ),
     # --- evaluation-only formats: other fact kinds ---
