@@ -59,7 +59,17 @@ _CITIES = (
     "Da Nang", "Reykjavik", "Windhoek", "Santa Cruz",
 )  # fmt: skip
 _FLAVOURS = ("smoked", "toasted", "candied", "pickled", "roasted", "dried", "crushed", "fermented")
-_FOODS = ("fennel", "ginger", "paprika", "sesame", "tamarind", "cardamom", "anchovy", "lemon peel", "chestnut")
+_FOODS = (
+    "fennel",
+    "ginger",
+    "paprika",
+    "sesame",
+    "tamarind",
+    "cardamom",
+    "anchovy",
+    "lemon peel",
+    "chestnut",
+)
 _CODE_LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no I/O: read as 1/0
 
 
