@@ -150,22 +150,33 @@ def group(meta: dict[str, Any]) -> str | None:
     return None
 
 
-def distance_tables(rows: list[dict[str, Any]], reference: str) -> list[str]:
-    """Markdown: FullKV-solved retention by distance and near/far, and paired tests against ``reference``."""
-    rows = [r for r in rows if r["setting"] == "aware" and "distance" in r.get("meta", {})]
-    if not rows:
-        return []
+def solved_outcomes(
+    rows: list[dict[str, Any]],
+) -> tuple[
+    set[tuple[str, str]],
+    dict[tuple[str, str], dict[tuple[str, str], float]],
+    dict[tuple[str, str], dict[str, Any]],
+]:
+    """The (task, sample) keys FullKV solves (question-aware), each other method's 0/1 score on them by
+    (method, budget), and every sample's ``meta``."""
     solved = fullkv_solved(rows)
-    methods = [m for m in _order(r["method"] for r in rows) if m != "fullkv"]
-    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(
-        dict
-    )  # (method, budget) → sample → 0/1
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
     meta: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         key = (r["task"], r["sample"])
         meta[key] = r["meta"]
         if r["method"] != "fullkv" and key in solved:
             outcome[(r["method"], r["budget"])][key] = r["score"]
+    return solved, outcome, meta
+
+
+def distance_tables(rows: list[dict[str, Any]], reference: str) -> list[str]:
+    """Markdown: FullKV-solved retention by distance and near/far, and paired tests against ``reference``."""
+    rows = [r for r in rows if r["setting"] == "aware" and "distance" in r.get("meta", {})]
+    if not rows:
+        return []
+    solved, outcome, meta = solved_outcomes(rows)
+    methods = [m for m in _order(r["method"] for r in rows) if m != "fullkv"]
     distances = sorted({m["distance"] for m in meta.values()})
     total = defaultdict(int)
     for key in meta:

@@ -2,26 +2,23 @@
 sits (1K prompts; near and far in prompts ≥ 3K tokens) and by what it is (a trained fact format in essays, an
 evaluation-only one in essays, one in Python docs), with each module paired against a reference.
 
-    python experiments/reach/far_kinds.py FOLDER [FOLDER ...] [--reference lookaheadkv]
+    python experiments/reach/far_kinds.py FOLDER[=NAME] [...] [--reference lookaheadkv]
         [--methods lookaheadkv lookaheadkv:far_s0 ...] [--budgets 128 256] [--out FILE]
 
 A needle is far when it sits ≥ 1.5K tokens before the end of a prompt of ≥ 3K tokens and near when ≤ 1K
 (experiments/reach/analyze.py's split): by ``meta["distance"]`` where the task placed needles by distance,
-otherwise by depth (``depth ≤ 0.5`` far, ``≥ 0.7`` near, the issue's split of 3K-token prompts). Rows of
-several folders (the same samples scored by more modules) are pooled by (task, sample, method, budget).
+otherwise by depth (``depth ≤ 0.5`` far, ``≥ 0.7`` near, the issue's split of 3K-token prompts). Several
+folders (the same samples scored by more modules) are merged as ``strongest.py`` merges them.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from analyze import FAR, FAR_MIN_LENGTH, NEAR, _kept, fullkv_solved, paired_cell, read  # noqa: E402
+from analyze import FAR, FAR_MIN_LENGTH, NEAR, _kept, paired_cell, solved_outcomes
+from strongest import merged
 
 SHORT = 2000  # prompts below this many tokens are the 1K group
 
@@ -46,27 +43,16 @@ def kind(meta: dict[str, Any]) -> str:
 def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budgets: list[str]) -> list[str]:
     """Markdown: kept counts per (place, kind) group and budget, then each method − reference paired."""
     rows = [r for r in rows if r["setting"] == "aware" and "family" in r.get("meta", {})]
-    solved = fullkv_solved(rows)
-    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
-    meta: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in rows:
-        key = (r["task"], r["sample"])
-        meta[key] = r["meta"]
-        if key in solved and r["method"] in methods:
-            outcome[(r["method"], r["budget"])][key] = r["score"]
-    groups = sorted({(place(meta[k]), kind(meta[k])) for k in solved if place(meta[k])})
-    header = " | ".join(
-        f"{p}, {k} (n = {sum(1 for s in solved if (place(meta[s]), kind(meta[s])) == (p, k))})"
-        for p, k in groups
-    )
+    solved, outcome, meta = solved_outcomes(rows)
+    where = {k: (place(meta[k]), kind(meta[k])) for k in solved}  # FullKV-solved key → (place, kind)
+    groups = sorted({g for g in where.values() if g[0]})
+    header = " | ".join(f"{p}, {k} (n = {sum(1 for g in where.values() if g == (p, k))})" for p, k in groups)
     lines = ["| method | C | " + header + " | far, all |", "|---|---|" + "---:|" * (len(groups) + 1)]
     for method in methods:
         for budget in budgets:
             scores = outcome.get((method, budget), {})
-            cells = [
-                _kept([v for s, v in scores.items() if (place(meta[s]), kind(meta[s])) == g]) for g in groups
-            ]
-            cells.append(_kept([v for s, v in scores.items() if place(meta[s]) == "far"]))
+            cells = [_kept([v for s, v in scores.items() if where[s] == g]) for g in groups]
+            cells.append(_kept([v for s, v in scores.items() if where[s][0] == "far"]))
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
     lines += ["", f"Paired against {reference} (points, wins/losses, exact McNemar p):", ""]
     lines += [
@@ -77,11 +63,8 @@ def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budge
         for budget in budgets:
             mine, theirs = outcome.get((method, budget), {}), outcome.get((reference, budget), {})
             common = [s for s in mine if s in theirs]
-            cells = [
-                paired_cell(mine, theirs, [s for s in common if (place(meta[s]), kind(meta[s])) == g])
-                for g in groups
-            ]
-            cells.append(paired_cell(mine, theirs, [s for s in common if place(meta[s]) == "far"]))
+            cells = [paired_cell(mine, theirs, [s for s in common if where[s] == g]) for g in groups]
+            cells.append(paired_cell(mine, theirs, [s for s in common if where[s][0] == "far"]))
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -90,18 +73,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("folders", type=Path, nargs="+")
+    parser.add_argument("folders", nargs="+", help="lkv eval folders, FOLDER or FOLDER=NAME")
     parser.add_argument("--methods", nargs="+", default=None, help="default: every method in the rows")
     parser.add_argument("--reference", default="lookaheadkv")
     parser.add_argument("--budgets", nargs="+", default=["128", "256"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    pooled = {
-        (r["task"], r["sample"], r["method"], r["budget"], r["setting"]): r
-        for f in args.folders
-        for r in read(f)
-    }
-    rows = list(pooled.values())
+    rows = merged(args.folders)
     methods = args.methods or sorted({r["method"] for r in rows if r["method"] != "fullkv"})
     text = "\n".join(tables(rows, methods, args.reference, args.budgets))
     if args.out:
