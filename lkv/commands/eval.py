@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from lkv.commands.signals import exit_on_sigterm
 from lkv.core.budget import Budget
 from lkv.core.chat import template_kwargs, template_reads_variables
-from lkv.eval.report import write_report
+from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import (
     RESULTS_FILE,
     ResultsFile,
@@ -42,6 +42,9 @@ TEMPLATE_KEY = "chat_template_kwargs"
 
 # the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
 LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
+
+# how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
+PARTIAL_MARK = "**Partial report**"
 
 
 def evaluate(
@@ -75,7 +78,8 @@ def evaluate(
         budgets: KV entries kept per head: whole numbers of tokens (paper) or ratios of the prompt in (0, 1].
         settings: ``aware`` (question inside the compressed prompt, as in the paper) and/or ``agnostic``
             (context compressed before the question is appended).
-        output: result folder; rerunning the same command resumes it (finished rows are skipped).
+        output: result folder; rerunning the same command resumes it (finished rows are skipped; a rerun that
+            adds no row leaves the report as it was: delete report.md to write it again).
         model: embedded short name, local folder, ``.gguf`` file or hub id.
         adapter: trained lookahead module for ``lookaheadkv``: an ``lkv export`` folder or an ``lkv fit``
             checkpoint (``.ckpt``).
@@ -222,6 +226,7 @@ def evaluate(
         Selection(head_budget=head_budget),
     )
     title = title or out.name
+    known = len(ResultsFile(out / RESULTS_FILE).rows)
     try:
         with exit_on_sigterm():
             evaluator.run(tasks)
@@ -233,8 +238,13 @@ def evaluate(
     seconds = time.perf_counter() - start
     # Read back the file, not the evaluator's rows: another process may fill the same folder (one per setting).
     rows = ResultsFile(out / RESULTS_FILE).rows
-    report = write_report(rows, out, title=title, methods=methods)
-    return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
+    report = out / REPORT_FILE
+    # a resumed run that added nothing leaves the report, its plots and its TensorBoard files as they were
+    # (rewriting them would only churn a committed folder); a partial report is completed all the same
+    if len(rows) > known or not report.exists() or PARTIAL_MARK in report.read_text(encoding="utf-8"):
+        report = write_report(rows, out, title=title, methods=methods)
+        return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
+    return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE}, none new; report left as it was: {report}"
 
 
 def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, model: str) -> None:
@@ -251,6 +261,6 @@ def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, mode
 def interrupted_note(rows: int) -> str:
     """The report's warning that its cells are not all filled (the run stopped before its end)."""
     return (
-        f"**Partial report**: the run was interrupted with {rows} rows in `{RESULTS_FILE}`, so some cells hold "
+        f"{PARTIAL_MARK}: the run was interrupted with {rows} rows in `{RESULTS_FILE}`, so some cells hold "
         "fewer samples than the config asks for (each cell gives its n). Rerun the same command to resume."
     )

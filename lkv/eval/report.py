@@ -32,6 +32,7 @@ from lkv.eval.stats import is_binary, mean_interval
 from lkv.eval.tensorboard import write_eval_runs
 
 SMOKE_N = 30  # cells with fewer samples are labelled a smoke test: their 95 % intervals span ~30+ points
+REPORT_FILE = "report.md"
 SETTING_NAMES = {"aware": "question-aware", "agnostic": "question-agnostic"}
 
 
@@ -346,7 +347,7 @@ def write_report(
         "",
         *appendix,
     ]
-    path = folder / "report.md"
+    path = folder / REPORT_FILE
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
 

@@ -460,6 +460,39 @@ def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
     assert "Partial report" not in report and "| tova |" in report
 
 
+def test_a_resumed_eval_that_adds_no_row_leaves_the_report_alone(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch
+):
+    """Rerunning a finished command rewrites neither report.md nor the TensorBoard event files (whose names and
+    wall times would change: churn in a committed folder); a missing report is written again."""
+    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
+    out = tmp_path / "eval"
+    args = dict(
+        tasks=[tiny_needle_task(tiny_corpus)],
+        methods=("fullkv", "snapkv"),
+        budgets=(8,),
+        press_args={"snapkv": {"window": 4}},
+        output=str(out),
+        progress=False,
+    )
+    assert "report:" in lkv.commands.eval.evaluate(**args)
+
+    def written() -> dict[str, int]:
+        files = [
+            out / "report.md",
+            out / "summary.csv",
+            *(out / "tensorboard").rglob("events.out.tfevents.*"),
+        ]
+        return {str(f.relative_to(out)): f.stat().st_mtime_ns for f in files}
+
+    before = written()
+    assert "none new; report left as it was" in lkv.commands.eval.evaluate(**args)
+    assert written() == before
+    (out / "report.md").unlink()
+    assert "none new" not in lkv.commands.eval.evaluate(**args)
+    assert "| snapkv |" in (out / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_fullkv_finds_a_heldout_needle_on_smollm2(tmp_path):
     from lkv.model.backbone import load_backbone
