@@ -1,13 +1,12 @@
 """Reach tables of issue 27: what each method keeps by the needle's distance from the end of the prompt.
 
-    python experiments/reach/analyze.py [--tokens experiments/reach/tokens] [--distance experiments/reach/distance]
-        [--out experiments/reach] [--reference lookaheadkv]
+    python experiments/reach/analyze.py [--tokens FOLDER] [--distance FOLDER] [--reference lookaheadkv]
 
 ``--tokens`` is an ``lkv eval`` run of ``configs/eval/reach_tokens.yaml`` (the prefill-only needle-token
-diagnostic), ``--distance`` one of ``configs/eval/reach_distance.yaml`` (answers decoded). Either may be
-missing. Writes ``tokens.md`` (the share of the value's tokens kept, mean over samples and (layer, KV head),
+diagnostic), ``--distance`` one of ``configs/eval/reach_distance.yaml`` (answers decoded); give either or both.
+Writes ``tokens.md`` into the ``--tokens`` folder (the share of the value's tokens kept, mean over samples and (layer, KV head),
 with a bootstrap interval; and per head: of the heads where the Oracle keeps the whole value, the share where
-each method does too) and ``distance.md`` (of the needles FullKV solves, the share each method still solves,
+each method does too) and ``distance.md`` into the ``--distance`` folder (of the needles FullKV solves, the share each method still solves,
 Wilson 95 %, by distance; near ≤ 1K and far ≥ 1.5K tokens pooled over prompts ≥ 3K; each method against
 ``--reference`` paired on the same needles, exact McNemar).
 """
@@ -263,8 +262,8 @@ def paired_lines(
     return lines
 
 
-def read(folder: Path | None) -> list[dict[str, Any]]:
-    if folder is None or not (folder / RESULTS_FILE).is_file():
+def read(folder: Path) -> list[dict[str, Any]]:
+    if not (folder / RESULTS_FILE).is_file():
         return []
     return ResultsFile(folder / RESULTS_FILE).rows
 
@@ -273,19 +272,30 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=Path, default=ROOT / "experiments/reach/tokens")
-    parser.add_argument("--distance", type=Path, default=ROOT / "experiments/reach/distance")
-    parser.add_argument("--out", type=Path, default=ROOT / "experiments/reach")
+    parser.add_argument("--tokens", type=Path, help="an lkv eval folder of configs/eval/reach_tokens.yaml")
+    parser.add_argument(
+        "--distance", type=Path, help="an lkv eval folder of configs/eval/reach_distance.yaml"
+    )
     parser.add_argument("--reference", default="lookaheadkv")
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    tokens = token_tables(read(args.tokens))
-    if tokens:
-        (args.out / "tokens.md").write_text("\n".join(["# Reach: value tokens kept", "", *tokens]))
-    distance = distance_tables(read(args.distance), args.reference)
-    if distance:
-        (args.out / "distance.md").write_text("\n".join(["# Reach: end task by distance", "", *distance]))
-    print(f"wrote {'tokens.md ' if tokens else ''}{'distance.md' if distance else ''} in {args.out}")
+    if args.tokens is None and args.distance is None:
+        parser.error("give --tokens FOLDER, --distance FOLDER or both")
+    for folder, name, tables, title in (
+        (args.tokens, "tokens.md", token_tables, "Reach: value tokens kept"),
+        (
+            args.distance,
+            "distance.md",
+            lambda rows: distance_tables(rows, args.reference),
+            "Reach: end task by distance",
+        ),
+    ):
+        if folder is None:
+            continue
+        lines = tables(read(folder))
+        if not lines:
+            raise SystemExit(f"{folder}: no rows of the kind {name} tabulates in {folder / 'results.jsonl'}")
+        (folder / name).write_text("\n".join([f"# {title}", "", *lines]))
+        print(f"wrote {folder / name}")
 
 
 if __name__ == "__main__":
