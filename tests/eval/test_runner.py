@@ -418,6 +418,19 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
     assert not (tmp_path / "bad").exists()  # refused before run.json is written
 
 
+def snapkv_run(corpus, out, **extra) -> dict:
+    """Arguments of an ``lkv eval`` run of FullKV and SnapKV (C = 8) on one tiny needle into ``out``."""
+    return dict(
+        tasks=[tiny_needle_task(corpus)],
+        methods=("fullkv", "snapkv"),
+        budgets=(8,),
+        press_args={"snapkv": {"window": 4}},
+        output=str(out),
+        progress=False,
+        **extra,
+    )
+
+
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
 def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch, stop
@@ -433,15 +446,7 @@ def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
 
     monkeypatch.setattr(Evaluator, "_run_chunk", stop_after_first_chunk)
     out = tmp_path / "eval"
-    args = dict(
-        tasks=[tiny_needle_task(tiny_corpus)],
-        methods=("fullkv", "snapkv"),
-        budgets=(8,),
-        press_args={"snapkv": {"window": 4}},
-        output=str(out),
-        progress=False,
-        batch_size=1,  # one (sample, setting) per chunk: two chunks
-    )
+    args = snapkv_run(tiny_corpus, out, batch_size=1)  # one (sample, setting) per chunk: two chunks
     with pytest.raises(KeyboardInterrupt if stop == "ctrl-c" else SystemExit) as stopped:
         lkv.commands.eval.evaluate(**args)
     if stop == "sigterm":
@@ -467,14 +472,7 @@ def test_a_resumed_eval_that_adds_no_row_leaves_the_report_alone(
     wall times would change: churn in a committed folder); a missing report is written again."""
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
     out = tmp_path / "eval"
-    args = dict(
-        tasks=[tiny_needle_task(tiny_corpus)],
-        methods=("fullkv", "snapkv"),
-        budgets=(8,),
-        press_args={"snapkv": {"window": 4}},
-        output=str(out),
-        progress=False,
-    )
+    args = snapkv_run(tiny_corpus, out)
     assert "report:" in lkv.commands.eval.evaluate(**args)
 
     def written() -> dict[str, int]:
