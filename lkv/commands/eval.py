@@ -226,7 +226,8 @@ def evaluate(
         Selection(head_budget=head_budget),
     )
     title = title or out.name
-    known = len(ResultsFile(out / RESULTS_FILE).rows)
+    # the rows the folder held before this run, as the evaluator read them (no second parse of the file)
+    known = len(evaluator.results.rows)
     try:
         with exit_on_sigterm():
             evaluator.run(tasks)
