@@ -4,11 +4,11 @@
 
 ``--tokens`` is an ``lkv eval`` run of ``configs/eval/reach_tokens.yaml`` (the prefill-only needle-token
 diagnostic), ``--distance`` one of ``configs/eval/reach_distance.yaml`` (answers decoded); give either or both.
-Writes ``tokens.md`` into the ``--tokens`` folder (the share of the value's tokens kept, mean over samples and (layer, KV head),
-with a bootstrap interval; and per head: of the heads where the Oracle keeps the whole value, the share where
-each method does too) and ``distance.md`` into the ``--distance`` folder (of the needles FullKV solves, the share each method still solves,
-Wilson 95 %, by distance; near ≤ 1K and far ≥ 1.5K tokens pooled over prompts ≥ 3K; each method against
-``--reference`` paired on the same needles, exact McNemar).
+Writes ``tokens.md`` into the ``--tokens`` folder (the share of the value's tokens kept, mean over samples and
+(layer, KV head), with a bootstrap interval; and per head: of the heads where the Oracle keeps the whole value,
+the share where each method does too) and ``distance.md`` into the ``--distance`` folder (of the needles FullKV
+solves, the share each method still solves, Wilson 95 %, by distance; near ≤ 1K and far ≥ 1.5K tokens pooled
+over prompts ≥ 3K; each method against ``--reference`` paired on the same needles, exact McNemar).
 """
 
 from __future__ import annotations
@@ -268,6 +268,14 @@ def read(folder: Path) -> list[dict[str, Any]]:
     return ResultsFile(folder / RESULTS_FILE).rows
 
 
+def write_table(folder: Path, name: str, title: str, lines: list[str]) -> None:
+    """Write ``lines`` under ``title`` to ``folder / name``; stop when the folder's rows gave no table."""
+    if not lines:
+        raise SystemExit(f"{folder}: no rows of the kind {name} tabulates in {folder / RESULTS_FILE}")
+    (folder / name).write_text("\n".join([f"# {title}", "", *lines]))
+    print(f"wrote {folder / name}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -280,22 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.tokens is None and args.distance is None:
         parser.error("give --tokens FOLDER, --distance FOLDER or both")
-    for folder, name, tables, title in (
-        (args.tokens, "tokens.md", token_tables, "Reach: value tokens kept"),
-        (
-            args.distance,
-            "distance.md",
-            lambda rows: distance_tables(rows, args.reference),
-            "Reach: end task by distance",
-        ),
-    ):
-        if folder is None:
-            continue
-        lines = tables(read(folder))
-        if not lines:
-            raise SystemExit(f"{folder}: no rows of the kind {name} tabulates in {folder / 'results.jsonl'}")
-        (folder / name).write_text("\n".join([f"# {title}", "", *lines]))
-        print(f"wrote {folder / name}")
+    if args.tokens is not None:
+        write_table(args.tokens, "tokens.md", "Reach: value tokens kept", token_tables(read(args.tokens)))
+    if args.distance is not None:
+        lines = distance_tables(read(args.distance), args.reference)
+        write_table(args.distance, "distance.md", "Reach: end task by distance", lines)
 
 
 if __name__ == "__main__":
