@@ -22,7 +22,7 @@ from lkv.eval.results import (
 )
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
-from lkv.eviction.presses import LookaheadKVPress, OraclePress, Press, ProbePress
+from lkv.eviction.presses import FusedPress, LookaheadKVPress, OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
@@ -35,6 +35,7 @@ from lkv.eviction.registry import (
 )
 from lkv.eviction.selector import HeadBudget, Selection
 from lkv.model.backbone import load_backbone
+from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.export import resolve_adapter, resolve_probe
 
 # run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
@@ -42,6 +43,10 @@ TEMPLATE_KEY = "chat_template_kwargs"
 
 # the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
 LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
+
+# what press_args may set for a lookahead module (its other settings come from its adapter folder)
+PROBE_WEIGHT = "probe_weight"
+MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT)
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
 PARTIAL_MARK = "**Partial report**"
@@ -87,8 +92,10 @@ def evaluate(
             ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
             two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
-        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}`` (a lookahead
-            module takes only its pooling: kernel, pooling).
+        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}``. A lookahead
+            module takes only its pooling (kernel, pooling) and ``probe_weight``: > 0 fuses its scores with
+            ``probe``'s (:class:`~lkv.eviction.presses.FusedPress`; e.g. ``lookaheadkv:s0_probe: {probe_weight:
+            0.5}`` with ``adapters: {s0_probe: <the s0 folder>}`` evaluates the fusion beside the module alone).
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -133,8 +140,6 @@ def evaluate(
             f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
             f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
         )
-    if (PROBE_METHOD in methods) != (probe is not None):
-        raise ValueError(f"--probe is required by the {PROBE_METHOD} method and used by no other method")
     adapters = dict(adapters or {})
     if adapters and adapter is None:
         raise ValueError("--adapters adds lookahead modules beside --adapter's; give --adapter too")
@@ -154,11 +159,17 @@ def evaluate(
             "FullKV answer) and probe (settings come from its folder) take settings"
         )
     for method, own in press_args.items():
-        if adapter_method(method) and not set(own) <= {"kernel", "pooling"}:
+        if adapter_method(method) and not set(own) <= set(MODULE_ARGS):
             raise ValueError(
-                f"press_args for {method}: a lookahead module takes only kernel and pooling (its other "
+                f"press_args for {method}: a lookahead module takes only {', '.join(MODULE_ARGS)} (its other "
                 f"settings come from its adapter folder), got {sorted(own)}"
             )
+    fused = [m for m, own in press_args.items() if adapter_method(m) and own.get(PROBE_WEIGHT)]
+    if (PROBE_METHOD in methods or bool(fused)) != (probe is not None):
+        raise ValueError(
+            f"--probe is required by the {PROBE_METHOD} method and by lookahead modules fused with it "
+            f"({PROBE_WEIGHT} > 0 in press_args), and used by nothing else"
+        )
     # run.json records every lookahead module's pooling kernel, the default's too: rows scored with another
     # (kernel 1 was the default before experiments/reach) are not resumed under it
     for method in methods:
@@ -188,24 +199,23 @@ def evaluate(
     if legacy:
         check_legacy_template(out, tokenizer, model)
         check_run(out, run_info, unrecorded=legacy)
+    probe_press = None if probe is None else ProbePress.from_folder(resolve_probe(probe, model), net)
     presses: dict[str, Press] = {}
     for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
         host = lookahead.adapter.model
         method = f"{LOOKAHEAD_PREFIX}{name}"
-        presses[method] = LookaheadKVPress.from_folder(
-            resolve_adapter(path, model),
-            host,
-            adapter_name=f"lookahead_{name}".replace(".", "_"),
-            **press_args.get(method, {}),
+        module = LookaheadAdapter.load(
+            resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
         )
+        presses[method] = module_press(module, probe_press, **press_args.get(method, {}))
     for method in methods:
         if method in presses:
             continue
         roles = roles_of(method)
         if roles.requires == "adapter":
-            presses[method] = LookaheadKVPress(lookahead.adapter, **press_args.get(method, {}))
+            presses[method] = module_press(lookahead.adapter, probe_press, **press_args.get(method, {}))
         elif roles.requires == "probe":
-            presses[method] = ProbePress.from_folder(resolve_probe(probe, model), net)
+            presses[method] = probe_press
         elif roles.role == "upper bound":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
         else:
@@ -246,6 +256,26 @@ def evaluate(
         report = write_report(rows, out, title=title, methods=methods)
         return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
     return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE}, none new; report left as it was: {report}"
+
+
+def module_press(
+    module: LookaheadAdapter,
+    probe: ProbePress | None,
+    kernel: int = DEFAULT_KERNEL,
+    pooling: str = "max",
+    probe_weight: float = 0.0,
+) -> Press:
+    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, its
+    unpooled scores fused with ``probe``'s (weights ``1 − probe_weight`` and ``probe_weight``), then pooled."""
+    if not probe_weight:
+        return LookaheadKVPress(module, kernel, pooling)
+    if probe is None:
+        raise ValueError(
+            f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs --probe"
+        )
+    return FusedPress(
+        [LookaheadKVPress(module, kernel=1), probe], [1 - probe_weight, probe_weight], kernel, pooling
+    )
 
 
 def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, model: str) -> None:

@@ -653,7 +653,7 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     lkv.commands.eval.evaluate(press_args={"lookaheadkv": {"kernel": 1}}, **one)
     with pytest.raises(ValueError, match="differs in: press_args"):
         lkv.commands.eval.evaluate(**one)
-    with pytest.raises(ValueError, match="takes only kernel and pooling"):
+    with pytest.raises(ValueError, match="takes only kernel, pooling, probe_weight"):
         lkv.commands.eval.evaluate(
             methods=("lookaheadkv",),
             adapter=folder,
@@ -661,6 +661,64 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             output=str(tmp_path / "x"),
             **args,
         )
+    with pytest.raises(ValueError, match="--probe is required by .* lookahead modules fused with it"):
+        lkv.commands.eval.evaluate(
+            methods=("lookaheadkv",),
+            adapter=folder,
+            press_args={"lookaheadkv": {"probe_weight": 0.5}},
+            output=str(tmp_path / "x"),
+            **args,
+        )
+
+
+def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_corpus, tmp_path, monkeypatch):
+    """``probe_weight`` in a named module's press_args evaluates LookaheadKV ⊕ probe as ``lookaheadkv:<name>``,
+    on the prefill the module alone and the probe share; its answers are those of a FusedPress built by hand."""
+    import lkv.eviction.presses.lookaheadkv
+    from lkv.eviction.presses import FusedPress, LookaheadKVPress
+    from lkv.model.lookahead import LookaheadAdapter
+    from tests.conftest import build_tiny_model
+    from tests.model.test_lookahead import perturb_lora
+
+    model, tokenizer = build_tiny_model("llama")
+    adapter = LookaheadAdapter.create(model, num_tokens=3)
+    perturb_lora(adapter)
+    adapter.save(tmp_path / "adapter")
+    ImportanceProbe.create(model, hidden_dim=8, seed=0).save(tmp_path / "probe")
+    monkeypatch.setattr(
+        lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
+    )
+    prefills = []
+    monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    task = tiny_needle_task(tiny_corpus)
+    folder = str(tmp_path / "adapter")
+    lkv.commands.eval.evaluate(
+        [task],
+        methods=("lookaheadkv", "probe"),
+        budgets=(8,),
+        settings=("aware",),
+        adapter=folder,
+        adapters={"fused": folder},
+        probe=str(tmp_path / "probe"),
+        press_args={"lookaheadkv:fused": {"probe_weight": 0.5}},
+        output=str(tmp_path / "out"),
+        progress=False,
+    )
+    rows = {r["method"]: r for r in read_rows(tmp_path / "out")}
+    assert set(rows) == {"lookaheadkv", "lookaheadkv:fused", "probe"} and len(prefills) == 1
+    recorded = json.loads((tmp_path / "out" / "run.json").read_text())["press_args"]
+    assert recorded["lookaheadkv:fused"] == {"kernel": DEFAULT_KERNEL, "probe_weight": 0.5}
+    # the same answer from a fusion built by hand on a fresh model
+    model, tokenizer = build_tiny_model("llama")
+    lookahead = LookaheadKVPress.from_folder(folder, model, kernel=1)
+    fused = FusedPress(
+        [lookahead, ProbePress.from_folder(tmp_path / "probe", model)], [0.5, 0.5], DEFAULT_KERNEL
+    )
+    (sample,) = task.samples(tokenizer)
+    context, question = encode_sample(sample, tokenizer)
+    compressor = Compressor(model, tokenizer, fused, budget=8)
+    answer = compressor.decode(compressor.compress(context + question), Sampling(task.max_new_tokens))
+    assert rows["lookaheadkv:fused"]["answer_ids"] == answer.token_ids
 
 
 def test_the_budget_column_formats_and_parses_back():

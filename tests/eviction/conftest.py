@@ -2,7 +2,7 @@
 
 import torch
 
-from lkv.eviction.presses import Press
+from lkv.eviction.presses import FusedPress, Press
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.registry import make_method
@@ -29,6 +29,8 @@ SETTINGS = {
 }
 # A LookaheadKV press that max-pools its scores (not a registered method: a setting of lookaheadkv).
 POOLED = "lookaheadkv-pooled"
+# LookaheadKV fused with the probe, max-pooled (a setting of a lookahead module in `lkv eval`: probe_weight).
+FUSED = "lookaheadkv+probe"
 
 
 PROMPT_LEN = 48
@@ -45,6 +47,8 @@ def build_press(name: str, model) -> Press:
     for param_name, param in adapter.trainable_parameters().items():
         if "lora_B" in param_name:
             param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    if name == FUSED:
+        return FusedPress([LookaheadKVPress(adapter, kernel=1), build_press("probe", model)], [0.5, 0.5], 5)
     return LookaheadKVPress(adapter, kernel=5 if name == POOLED else 1)
 
 

@@ -14,6 +14,7 @@ from lkv.eviction.presses.base import (
 )
 from lkv.eviction.presses.expected_attention import ExpectedAttentionPress
 from lkv.eviction.presses.full import FullKVPress
+from lkv.eviction.presses.fused import FusedPress
 from lkv.eviction.presses.h2o import H2OPress
 from lkv.eviction.presses.keydiff import KeyDiffPress
 from lkv.eviction.presses.kvzip import KVzipPress
@@ -31,6 +32,7 @@ from lkv.eviction.presses.tova import TOVAPress
 __all__ = [
     "ExpectedAttentionPress",
     "FullKVPress",
+    "FusedPress",
     "H2OPress",
     "KVzipPress",
     "KeyDiffPress",

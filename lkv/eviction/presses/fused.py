@@ -1,0 +1,84 @@
+"""Fused: one ranking from several presses that each predict the same importance distribution.
+
+LookaheadKV and the per-token probe are both trained against the answer's attention ``s_GT`` (a distribution
+over the prompt per layer and KV head) but see different things: the lookahead tokens read the question, the
+probe reads each token alone. On the far needles of experiments/reach either one keeps needles the other
+loses, so their mixture is the natural ensemble: each part's scores are normalised to sum to 1 over the prompt
+per (layer, KV head), averaged with the given weights, then pooled as LookaheadKV pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from lkv.core.attention import AttentionCapture
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
+from lkv.eviction.selector import check_pooling, pool_scores
+
+
+def as_distribution(scores: torch.Tensor) -> torch.Tensor:
+    """``(..., S)`` non-negative scores → the same shape, each row summing to 1 (an all-zero row stays 0)."""
+    return scores / scores.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
+
+
+class FusedPress(Press):
+    """Scores = pool(Σ_i w_i · normalise(scores_i)), ``(1, layers, kv_heads, S)``.
+
+    Args:
+        parts: presses whose scores are non-negative (importance distributions, unpooled: the fusion pools);
+            at most one of them may ask for a prefill capture (the one prefill has one capture per press).
+        weights: one per part, non-negative, summing to 1.
+        kernel, pooling: 1-D pooling of the fused scores (:data:`~lkv.eviction.selector.POOLING_MODES`).
+    """
+
+    name = "fused"
+
+    def __init__(
+        self, parts: Sequence[Press], weights: Sequence[float], kernel: int = 1, pooling: str = "max"
+    ) -> None:
+        if len(parts) < 2 or len(weights) != len(parts):
+            raise ValueError(
+                f"a fusion needs ≥ 2 presses and one weight each; got {len(parts)} and {len(weights)}"
+            )
+        if min(weights) < 0 or abs(sum(weights) - 1) > 1e-6:
+            raise ValueError(f"fusion weights must be non-negative and sum to 1, got {list(weights)}")
+        check_pooling(kernel, pooling)
+        self.parts = list(parts)
+        self.weights = [float(w) for w in weights]
+        self.kernel = kernel
+        self.pooling = pooling
+        self.streamable = all(part.streamable for part in parts)
+        self._captured: int | None = None  # the part the prefill capture belongs to (set by prefill_capture)
+
+    def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
+        captures = [(i, part.prefill_capture(prompt_len)) for i, part in enumerate(self.parts)]
+        captures = [(i, c) for i, c in captures if c is not None]
+        if len(captures) > 1:
+            names = [self.parts[i].name for i, _ in captures]
+            raise ValueError(f"fused presses share one prefill capture; {names} each ask for one")
+        self._captured = captures[0][0] if captures else None
+        return captures[0][1] if captures else None
+
+    def _own(self, ctx: PressContext | StreamContext, index: int) -> PressContext | StreamContext:
+        """``ctx`` as part ``index`` must see it: the prefill capture only for the part that asked for it."""
+        return ctx if index == self._captured else dataclasses.replace(ctx, capture=None)
+
+    def _fuse(self, scores: Sequence[torch.Tensor]) -> torch.Tensor:
+        mixed = sum(w * as_distribution(s.float()) for w, s in zip(self.weights, scores, strict=True))
+        return pool_scores(mixed, self.kernel, self.pooling)
+
+    def score(self, ctx: PressContext) -> torch.Tensor:
+        return self._fuse([part.score(self._own(ctx, i)) for i, part in enumerate(self.parts)])
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        if not self.streamable:
+            return super().layer_scorer(ctx)
+        scorers = [part.layer_scorer(self._own(ctx, i)) for i, part in enumerate(self.parts)]
+        return lambda layer: self._fuse([scorer(layer) for scorer in scorers])
+
+    def protected(self, prompt_len: int) -> tuple[int, int]:
+        sinks, recents = zip(*(part.protected(prompt_len) for part in self.parts), strict=True)
+        return max(sinks), max(recents)
