@@ -46,7 +46,7 @@ LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
 
 # what press_args may set for a lookahead module (its other settings come from its adapter folder)
 PROBE_WEIGHT = "probe_weight"
-MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT)
+MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
 PARTIAL_MARK = "**Partial report**"
@@ -93,8 +93,8 @@ def evaluate(
             two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}``. A lookahead
-            module takes only its pooling (kernel, pooling) and ``probe_weight``: > 0 fuses its scores with
-            ``probe``'s (:class:`~lkv.eviction.presses.FusedPress`; e.g. ``lookaheadkv:s0_probe: {probe_weight:
+            module takes only its pooling (kernel, pooling), ``probe_weight`` (> 0 fuses its scores with
+            ``probe``'s) and ``fusion`` (``mixture`` or ``union``: :func:`module_press`; e.g. ``lookaheadkv:s0_probe: {probe_weight:
             0.5}`` with ``adapters: {s0_probe: <the s0 folder>}`` evaluates the fusion beside the module alone).
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
@@ -264,18 +264,22 @@ def module_press(
     kernel: int = DEFAULT_KERNEL,
     pooling: str = "max",
     probe_weight: float = 0.0,
+    fusion: str = "mixture",
 ) -> Press:
-    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, its
-    unpooled scores fused with ``probe``'s (weights ``1 − probe_weight`` and ``probe_weight``), then pooled."""
+    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
+    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion``: ``mixture`` pools the
+    mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's pooled scores and the
+    probe's as each ranks alone (:class:`~lkv.eviction.presses.FusedPress`)."""
     if not probe_weight:
         return LookaheadKVPress(module, kernel, pooling)
     if probe is None:
         raise ValueError(
             f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs --probe"
         )
-    return FusedPress(
-        [LookaheadKVPress(module, kernel=1), probe], [1 - probe_weight, probe_weight], kernel, pooling
-    )
+    weights = [1 - probe_weight, probe_weight]
+    if fusion == "union":
+        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule=fusion)
+    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, fusion)
 
 
 def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, model: str) -> None:

@@ -653,7 +653,7 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     lkv.commands.eval.evaluate(press_args={"lookaheadkv": {"kernel": 1}}, **one)
     with pytest.raises(ValueError, match="differs in: press_args"):
         lkv.commands.eval.evaluate(**one)
-    with pytest.raises(ValueError, match="takes only kernel, pooling, probe_weight"):
+    with pytest.raises(ValueError, match="takes only kernel, pooling, probe_weight, fusion"):
         lkv.commands.eval.evaluate(
             methods=("lookaheadkv",),
             adapter=folder,
@@ -698,14 +698,19 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
         budgets=(8,),
         settings=("aware",),
         adapter=folder,
-        adapters={"fused": folder},
+        adapters={"fused": folder, "union": folder},
         probe=str(tmp_path / "probe"),
-        press_args={"lookaheadkv:fused": {"probe_weight": 0.5}},
+        press_args={
+            "lookaheadkv:fused": {"probe_weight": 0.5},
+            "lookaheadkv:union": {"probe_weight": 0.5, "fusion": "union"},
+        },
         output=str(tmp_path / "out"),
         progress=False,
     )
     rows = {r["method"]: r for r in read_rows(tmp_path / "out")}
-    assert set(rows) == {"lookaheadkv", "lookaheadkv:fused", "probe"} and len(prefills) == 1
+    assert (
+        set(rows) == {"lookaheadkv", "lookaheadkv:fused", "lookaheadkv:union", "probe"} and len(prefills) == 1
+    )
     recorded = json.loads((tmp_path / "out" / "run.json").read_text())["press_args"]
     assert recorded["lookaheadkv:fused"] == {"kernel": DEFAULT_KERNEL, "probe_weight": 0.5}
     # the same answer from a fusion built by hand on a fresh model

@@ -56,3 +56,33 @@ def test_fused_presses_are_checked(tiny_llama):
     fused = FusedPress([snapkv, make_method("streamingllm", sink=2)], [0.5, 0.5])
     assert fused.protected(PROMPT_LEN) == (2, 4)
     assert fused.streamable and not FusedPress([snapkv, make_method("laq")], [0.5, 0.5]).streamable
+
+
+def _kept_sets(kept: list[torch.Tensor]) -> list[set[int]]:
+    """Per (layer, KV head): the kept prompt positions."""
+    return [set(row.tolist()) for layer in kept for row in layer.reshape(-1, layer.shape[-1])]
+
+
+def test_union_keeps_each_parts_top_tokens_in_turn(tiny_llama):
+    """Equal weights: the kept set holds the union of both parts' top-k for the largest k that fits in C, and
+    lies inside the union of their top-(k+1); weight 0 on a part keeps the other part's own set."""
+    model, tokenizer = tiny_llama
+    lookahead, probe = build_press(FUSED, model).parts
+    ids = prompt(model)
+    pooled = LookaheadKVPress(lookahead.adapter, kernel=5)
+    rows = [
+        Compressor(model, tokenizer, part, 12).score(ids).scores.reshape(-1, PROMPT_LEN)
+        for part in (pooled, probe)
+    ]
+    union = FusedPress([pooled, probe], [0.5, 0.5], rule="union")
+    got = _kept_sets(Compressor(model, tokenizer, union, 12).compress(ids).kept)
+    for row, kept in enumerate(got):
+        tops = [scores[row].argsort(descending=True, stable=True).tolist() for scores in rows]
+        k = max(k for k in range(PROMPT_LEN) if len(set(tops[0][:k]) | set(tops[1][:k])) <= 12)
+        assert set(tops[0][:k]) | set(tops[1][:k]) <= kept <= set(tops[0][: k + 1]) | set(tops[1][: k + 1])
+    alone = _kept_sets(Compressor(model, tokenizer, pooled, 12).compress(ids).kept)
+    only_module = FusedPress([pooled, probe], [1.0, 0.0], rule="union")
+    assert _kept_sets(Compressor(model, tokenizer, only_module, 12).compress(ids).kept) == alone
+    assert got != alone
+    with pytest.raises(ValueError, match="rule must be one of mixture, union"):
+        FusedPress([pooled, probe], [0.5, 0.5], rule="max")

@@ -3,8 +3,14 @@
 LookaheadKV and the per-token probe are both trained against the answer's attention ``s_GT`` (a distribution
 over the prompt per layer and KV head) but see different things: the lookahead tokens read the question, the
 probe reads each token alone. On the far needles of experiments/reach either one keeps needles the other
-loses, so their mixture is the natural ensemble: each part's scores are normalised to sum to 1 over the prompt
-per (layer, KV head), averaged with the given weights, then pooled as LookaheadKV pools.
+loses. Two rules combine them (:data:`RULES`):
+
+- ``mixture``: each part's scores normalised to sum to 1 over the prompt per (layer, KV head), averaged with
+  the weights, then pooled. The ensemble estimate of ``s_GT``: a token ranks high when the parts agree.
+- ``union``: each part ranks the prompt on its own (pooled as it pools alone); a token's fused score is its
+  best rank over the parts, each rank divided by the part's weight, so the top ``C`` is the union of each
+  part's top tokens, part ``i`` contributing in proportion to ``w_i`` (equal weights: the same number each).
+  A token that one part ranks high and the other does not keeps its place; under ``mixture`` it is halved.
 """
 
 from __future__ import annotations
@@ -18,26 +24,43 @@ from lkv.core.attention import AttentionCapture
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
 from lkv.eviction.selector import check_pooling, pool_scores
 
+RULES = ("mixture", "union")
+"""How :class:`FusedPress` combines its parts' scores (module docstring)."""
+
 
 def as_distribution(scores: torch.Tensor) -> torch.Tensor:
     """``(..., S)`` non-negative scores → the same shape, each row summing to 1 (an all-zero row stays 0)."""
     return scores / scores.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
 
 
+def descending_rank(scores: torch.Tensor) -> torch.Tensor:
+    """``(..., S)`` scores → float ranks of the same shape: 0 for each row's highest, ``S − 1`` for its lowest
+    (ties in position order)."""
+    return (-scores).argsort(dim=-1, stable=True).argsort(dim=-1).float()
+
+
 class FusedPress(Press):
-    """Scores = pool(Σ_i w_i · normalise(scores_i)), ``(1, layers, kv_heads, S)``.
+    """Scores ``(1, layers, kv_heads, S)``: ``mixture`` = pool(Σ_i w_i · normalise(scores_i)); ``union`` =
+    max_i(−rank_i / w_i) (module docstring).
 
     Args:
-        parts: presses whose scores are non-negative (importance distributions, unpooled: the fusion pools);
-            at most one of them may ask for a prefill capture (the one prefill has one capture per press).
+        parts: presses whose scores are non-negative (importance distributions; for ``mixture`` unpooled, as
+            the fusion pools); at most one of them may ask for a prefill capture (the one prefill has one
+            capture per press).
         weights: one per part, non-negative, summing to 1.
         kernel, pooling: 1-D pooling of the fused scores (:data:`~lkv.eviction.selector.POOLING_MODES`).
+        rule: ``mixture`` or ``union``.
     """
 
     name = "fused"
 
     def __init__(
-        self, parts: Sequence[Press], weights: Sequence[float], kernel: int = 1, pooling: str = "max"
+        self,
+        parts: Sequence[Press],
+        weights: Sequence[float],
+        kernel: int = 1,
+        pooling: str = "max",
+        rule: str = "mixture",
     ) -> None:
         if len(parts) < 2 or len(weights) != len(parts):
             raise ValueError(
@@ -45,9 +68,12 @@ class FusedPress(Press):
             )
         if min(weights) < 0 or abs(sum(weights) - 1) > 1e-6:
             raise ValueError(f"fusion weights must be non-negative and sum to 1, got {list(weights)}")
+        if rule not in RULES:
+            raise ValueError(f"fusion rule must be one of {', '.join(RULES)}; got {rule!r}")
         check_pooling(kernel, pooling)
         self.parts = list(parts)
         self.weights = [float(w) for w in weights]
+        self.rule = rule
         self.kernel = kernel
         self.pooling = pooling
         self.streamable = all(part.streamable for part in parts)
@@ -67,8 +93,17 @@ class FusedPress(Press):
         return ctx if index == self._captured else dataclasses.replace(ctx, capture=None)
 
     def _fuse(self, scores: Sequence[torch.Tensor]) -> torch.Tensor:
-        mixed = sum(w * as_distribution(s.float()) for w, s in zip(self.weights, scores, strict=True))
-        return pool_scores(mixed, self.kernel, self.pooling)
+        weighted = zip(self.weights, scores, strict=True)
+        if self.rule == "mixture":
+            fused = sum(w * as_distribution(s.float()) for w, s in weighted)
+        else:  # a part of weight 0 contributes nothing (−inf everywhere, never above another part's −rank/w)
+            fused = torch.stack(
+                [
+                    -descending_rank(s) / w if w else torch.full_like(s, -torch.inf, dtype=torch.float32)
+                    for w, s in weighted
+                ]
+            ).amax(dim=0)
+        return pool_scores(fused, self.kernel, self.pooling)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
         return self._fuse([part.score(self._own(ctx, i)) for i, part in enumerate(self.parts)])
