@@ -22,7 +22,8 @@ from lkv.eval.results import (
 )
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
-from lkv.eviction.presses import FusedPress, LookaheadKVPress, OraclePress, Press, ProbePress
+from lkv.eviction.presses import OraclePress, Press, ProbePress
+from lkv.eviction.presses.fused import PROBE_WEIGHT, lookahead_press
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
@@ -45,7 +46,6 @@ TEMPLATE_KEY = "chat_template_kwargs"
 LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
 
 # what press_args may set for a lookahead module (its other settings come from its adapter folder)
-PROBE_WEIGHT = "probe_weight"
 MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
@@ -94,8 +94,9 @@ def evaluate(
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}``. A lookahead
             module takes only its pooling (kernel, pooling), ``probe_weight`` (> 0 fuses its scores with
-            ``probe``'s) and ``fusion`` (``mixture`` or ``union``: :func:`module_press`; e.g. ``lookaheadkv:s0_probe: {probe_weight:
-            0.5}`` with ``adapters: {s0_probe: <the s0 folder>}`` evaluates the fusion beside the module alone).
+            ``probe``'s) and ``fusion`` (``mixture`` or ``union``; :func:`lkv.eviction.presses.fused.lookahead_press`).
+            E.g. ``lookaheadkv:s0_probe: {probe_weight: 0.5, fusion: union}`` with ``adapters: {s0_probe: <the s0
+            folder>}`` evaluates the fusion beside the module alone.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -207,13 +208,13 @@ def evaluate(
         module = LookaheadAdapter.load(
             resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
         )
-        presses[method] = module_press(module, probe_press, **press_args.get(method, {}))
+        presses[method] = lookahead_press(module, probe_press, **press_args.get(method, {}))
     for method in methods:
         if method in presses:
             continue
         roles = roles_of(method)
         if roles.requires == "adapter":
-            presses[method] = module_press(lookahead.adapter, probe_press, **press_args.get(method, {}))
+            presses[method] = lookahead_press(lookahead.adapter, probe_press, **press_args.get(method, {}))
         elif roles.requires == "probe":
             presses[method] = probe_press
         elif roles.role == "upper bound":
@@ -256,30 +257,6 @@ def evaluate(
         report = write_report(rows, out, title=title, methods=methods)
         return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE} ({seconds:.0f} s this run); report: {report}"
     return f"lkv eval: {len(rows)} result rows in {out / RESULTS_FILE}, none new; report left as it was: {report}"
-
-
-def module_press(
-    module: LookaheadAdapter,
-    probe: ProbePress | None,
-    kernel: int = DEFAULT_KERNEL,
-    pooling: str = "max",
-    probe_weight: float = 0.0,
-    fusion: str = "mixture",
-) -> Press:
-    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
-    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion``: ``mixture`` pools the
-    mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's pooled scores and the
-    probe's as each ranks alone (:class:`~lkv.eviction.presses.FusedPress`)."""
-    if not probe_weight:
-        return LookaheadKVPress(module, kernel, pooling)
-    if probe is None:
-        raise ValueError(
-            f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs --probe"
-        )
-    weights = [1 - probe_weight, probe_weight]
-    if fusion == "union":
-        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule=fusion)
-    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, fusion)
 
 
 def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, model: str) -> None:

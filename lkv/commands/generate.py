@@ -9,6 +9,7 @@ from lkv.core.budget import Budget
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
+from lkv.eviction.presses.fused import FusionRule, lookahead_press
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, make_method, roles_of
 from lkv.eviction.selector import HeadBudget, Selection
@@ -26,6 +27,8 @@ def generate(
     question: str | None = None,
     adapter: str | None = None,
     probe: str | None = None,
+    probe_weight: float = 0.0,
+    fusion: FusionRule = "mixture",
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -57,8 +60,12 @@ def generate(
             appended and answered.
         adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
             ``lkv fit`` checkpoint (``.ckpt``).
-        probe: trained per-token probe for ``--method probe``: an ``lkv export`` probe folder or a probe
-            checkpoint.
+        probe: trained per-token probe for ``--method probe``, or to fuse with ``--method lookaheadkv``: an
+            ``lkv export`` probe folder or a probe checkpoint.
+        probe_weight: with ``--method lookaheadkv`` and ``--probe``: the probe's weight in the fused ranking
+            (> 0; :func:`lkv.eviction.presses.fused.lookahead_press`).
+        fusion: how the module and the probe are fused: ``mixture`` or ``union``
+            (:class:`~lkv.eviction.presses.FusedPress`).
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -98,11 +105,21 @@ def generate(
     requires = roles_of(method).requires
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
-    if (probe is not None) != (requires == "probe"):
-        raise ValueError(f"--probe is required by --method {PROBE_METHOD} and used by no other method")
+    fused = probe_weight > 0
+    if fused and requires != "adapter":
+        raise ValueError(
+            f"--probe_weight fuses --method {ADAPTER_METHOD} with a probe; got --method {method}"
+        )
+    if (probe is not None) != (requires == "probe" or fused):
+        raise ValueError(
+            f"--probe is required by --method {PROBE_METHOD} and by --probe_weight > 0, and used by nothing else"
+        )
     if adapter is not None:
         folder = resolve_adapter(adapter, model)
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
+        if fused:
+            probe_press = ProbePress.from_folder(resolve_probe(probe, model), net)
+            press = lookahead_press(press.adapter, probe_press, probe_weight=probe_weight, fusion=fusion)
     elif probe is not None:
         folder = resolve_probe(probe, model)
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL

@@ -187,6 +187,18 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         ],
         [r"budget", r"≥ 1 token per head", r"got 0"],
     ),
+    "generate-probe-weight-without-lookaheadkv": (
+        lambda root, mp: [
+            "generate",
+            "--model",
+            str(root / "model"),
+            "--prompt",
+            "alpha beta",
+            "--probe_weight",
+            "0.5",
+        ],
+        [r"--probe_weight fuses --method lookaheadkv with a probe", r"got --method snapkv"],
+    ),
     "adapter-folder-as-probe": (
         lambda root, mp: adapter_as_probe(root),
         [r"adapter/probe\.json: not found", r"a probe folder", r"holds a LookaheadKV adapter", r"--adapter"],

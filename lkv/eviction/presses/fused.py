@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import torch
 
 from lkv.core.attention import AttentionCapture
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
+from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, LookaheadKVPress
+from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.selector import check_pooling, pool_scores
+from lkv.model.lookahead import LookaheadAdapter
 
-RULES = ("mixture", "union")
+FusionRule = Literal["mixture", "union"]
+RULES: tuple[str, ...] = get_args(FusionRule)
 """How :class:`FusedPress` combines its parts' scores (module docstring)."""
 
 
@@ -60,7 +65,7 @@ class FusedPress(Press):
         weights: Sequence[float],
         kernel: int = 1,
         pooling: str = "max",
-        rule: str = "mixture",
+        rule: FusionRule = "mixture",
     ) -> None:
         if len(parts) < 2 or len(weights) != len(parts):
             raise ValueError(
@@ -117,3 +122,31 @@ class FusedPress(Press):
     def protected(self, prompt_len: int) -> tuple[int, int]:
         sinks, recents = zip(*(part.protected(prompt_len) for part in self.parts), strict=True)
         return max(sinks), max(recents)
+
+
+# the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
+PROBE_WEIGHT = "probe_weight"
+
+
+def lookahead_press(
+    module: LookaheadAdapter,
+    probe: ProbePress | None = None,
+    kernel: int = DEFAULT_KERNEL,
+    pooling: str = "max",
+    probe_weight: float = 0.0,
+    fusion: FusionRule = "mixture",
+) -> Press:
+    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
+    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion``: ``mixture`` pools the
+    mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's pooled scores and the
+    probe's as each ranks alone."""
+    if not probe_weight:
+        return LookaheadKVPress(module, kernel, pooling)
+    if probe is None:
+        raise ValueError(
+            f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs a probe"
+        )
+    weights = [1 - probe_weight, probe_weight]
+    if fusion == "union":
+        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule=fusion)
+    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, fusion)
