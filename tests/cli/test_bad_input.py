@@ -101,6 +101,11 @@ def empty_label_folder(root: Path) -> list[str]:
     return fit(root, data={"train": str(root / "empty-train")})
 
 
+def generate(root: Path, *options: str) -> list[str]:
+    """``lkv generate`` of a two-word prompt on the tiny model with ``options``."""
+    return ["generate", "--model", str(root / "model"), "--prompt", "alpha beta", *options]
+
+
 def adapter_as_probe(root: Path) -> list[str]:
     """An exported LookaheadKV adapter given where a probe folder is expected."""
     lkv_main(
@@ -176,27 +181,11 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         [r"--response_tokens", r"expected a positive number", r"found 0"],
     ),
     "generate-budget-out-of-range": (
-        lambda root, mp: [
-            "generate",
-            "--model",
-            str(root / "model"),
-            "--prompt",
-            "alpha beta",
-            "--budget",
-            "0",
-        ],
+        lambda root, mp: generate(root, "--budget", "0"),
         [r"budget", r"≥ 1 token per head", r"got 0"],
     ),
     "generate-probe-weight-without-lookaheadkv": (
-        lambda root, mp: [
-            "generate",
-            "--model",
-            str(root / "model"),
-            "--prompt",
-            "alpha beta",
-            "--probe_weight",
-            "0.5",
-        ],
+        lambda root, mp: generate(root, "--probe_weight", "0.5"),
         [r"--probe_weight fuses --method lookaheadkv with a probe", r"got --method snapkv"],
     ),
     "adapter-folder-as-probe": (

@@ -653,22 +653,18 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     lkv.commands.eval.evaluate(press_args={"lookaheadkv": {"kernel": 1}}, **one)
     with pytest.raises(ValueError, match="differs in: press_args"):
         lkv.commands.eval.evaluate(**one)
-    with pytest.raises(ValueError, match="takes only kernel, pooling, probe_weight, fusion"):
-        lkv.commands.eval.evaluate(
-            methods=("lookaheadkv",),
-            adapter=folder,
-            press_args={"lookaheadkv": {"window": 4}},
-            output=str(tmp_path / "x"),
-            **args,
-        )
-    with pytest.raises(ValueError, match="--probe is required by .* lookahead modules fused with it"):
-        lkv.commands.eval.evaluate(
-            methods=("lookaheadkv",),
-            adapter=folder,
-            press_args={"lookaheadkv": {"probe_weight": 0.5}},
-            output=str(tmp_path / "x"),
-            **args,
-        )
+    for own, said in [
+        ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion"),
+        ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            lkv.commands.eval.evaluate(
+                methods=("lookaheadkv",),
+                adapter=folder,
+                press_args={"lookaheadkv": own},
+                output=str(tmp_path / "x"),
+                **args,
+            )
 
 
 def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_corpus, tmp_path, monkeypatch):
