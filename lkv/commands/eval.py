@@ -23,7 +23,12 @@ from lkv.eval.results import (
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.presses import OraclePress, Press, ProbePress
-from lkv.eviction.presses.fused import PROBE_WEIGHT, lookahead_press
+from lkv.eviction.presses.fused import (
+    MODULE_ARGS,
+    PROBE_WEIGHT,
+    check_module_settings,
+    lookahead_press,
+)
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
@@ -44,9 +49,6 @@ TEMPLATE_KEY = "chat_template_kwargs"
 
 # the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
 LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
-
-# what press_args may set for a lookahead module (its other settings come from its adapter folder)
-MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
 PARTIAL_MARK = "**Partial report**"
@@ -160,11 +162,17 @@ def evaluate(
             "FullKV answer) and probe (settings come from its folder) take settings"
         )
     for method, own in press_args.items():
-        if adapter_method(method) and not set(own) <= set(MODULE_ARGS):
+        if not adapter_method(method):
+            continue
+        if not set(own) <= set(MODULE_ARGS):
             raise ValueError(
                 f"press_args for {method}: a lookahead module takes only {', '.join(MODULE_ARGS)} (its other "
                 f"settings come from its adapter folder), got {sorted(own)}"
             )
+        try:
+            check_module_settings(**own)
+        except ValueError as error:
+            raise ValueError(f"press_args for {method}: {error}") from None
     fused = [m for m, own in press_args.items() if adapter_method(m) and own.get(PROBE_WEIGHT)]
     if (PROBE_METHOD in methods or bool(fused)) != (probe is not None):
         raise ValueError(

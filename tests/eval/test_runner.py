@@ -656,6 +656,9 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     for own, said in [
         ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion"),
         ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
+        ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
+        ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
+        ({"kernel": 4}, "lookaheadkv: pooling kernel must be an odd number"),
     ]:
         with pytest.raises(ValueError, match=said):
             lkv.commands.eval.evaluate(
@@ -665,6 +668,8 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
                 output=str(tmp_path / "x"),
                 **args,
             )
+    # refused before run.json records the settings: the corrected command runs in the same folder
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_corpus, tmp_path, monkeypatch):

@@ -33,6 +33,12 @@ RULES: tuple[str, ...] = get_args(FusionRule)
 """How :class:`FusedPress` combines its parts' scores (module docstring)."""
 
 
+def check_rule(rule: str) -> None:
+    """Raise a clear error unless ``rule`` is one of :data:`RULES`."""
+    if rule not in RULES:
+        raise ValueError(f"fusion rule must be one of {', '.join(RULES)}; got {rule!r}")
+
+
 def as_distribution(scores: torch.Tensor) -> torch.Tensor:
     """``(..., S)`` non-negative scores → the same shape, each row summing to 1 (an all-zero row stays 0)."""
     return scores / scores.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
@@ -73,8 +79,7 @@ class FusedPress(Press):
             )
         if min(weights) < 0 or abs(sum(weights) - 1) > 1e-6:
             raise ValueError(f"fusion weights must be non-negative and sum to 1, got {list(weights)}")
-        if rule not in RULES:
-            raise ValueError(f"fusion rule must be one of {', '.join(RULES)}; got {rule!r}")
+        check_rule(rule)
         check_pooling(kernel, pooling)
         self.parts = list(parts)
         self.weights = [float(w) for w in weights]
@@ -126,6 +131,19 @@ class FusedPress(Press):
 
 # the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
 PROBE_WEIGHT = "probe_weight"
+# the settings a lookahead module's press takes beside the module (the keyword arguments of lookahead_press)
+MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
+
+
+def check_module_settings(
+    kernel: int = DEFAULT_KERNEL, pooling: str = "max", probe_weight: float = 0.0, fusion: str = "mixture"
+) -> None:
+    """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
+    before an output folder records them)."""
+    check_pooling(kernel, pooling)
+    if not 0 <= probe_weight <= 1:
+        raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
+    check_rule(fusion)
 
 
 def lookahead_press(
