@@ -184,6 +184,15 @@ def evaluate(
     for method in methods:
         if adapter_method(method):
             press_args[method] = {"kernel": DEFAULT_KERNEL, **press_args.get(method, {})}
+    # FullKV's and the training-free presses need no model: built before run.json records their settings, so a
+    # bad one (a negative SnapKV window) is refused with the folder untouched and the corrected command runs in it
+    presses: dict[str, Press] = {}
+    for method in methods:
+        if not roles_of(method).requires and roles_of(method).role != "upper bound":
+            try:
+                presses[method] = make_method(method, **press_args.get(method, {}))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"press_args for {method}: {error}") from None
     out = Path(output)
     run_info = {
         "model": model,
@@ -209,7 +218,6 @@ def evaluate(
         check_legacy_template(out, tokenizer, model)
         check_run(out, run_info, unrecorded=legacy)
     probe_press = None if probe is None else ProbePress.from_folder(resolve_probe(probe, model), net)
-    presses: dict[str, Press] = {}
     for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
         host = lookahead.adapter.model
         method = f"{LOOKAHEAD_PREFIX}{name}"
@@ -225,10 +233,8 @@ def evaluate(
             presses[method] = lookahead_press(lookahead.adapter, probe_press, **press_args.get(method, {}))
         elif roles.requires == "probe":
             presses[method] = probe_press
-        elif roles.role == "upper bound":
+        else:  # the upper bound (the only method left unbuilt)
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
-        else:
-            presses[method] = make_method(method, **press_args.get(method, {}))
     start = time.perf_counter()
     evaluator = Evaluator(
         net,

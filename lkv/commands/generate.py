@@ -9,7 +9,7 @@ from lkv.core.budget import Budget
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
-from lkv.eviction.presses.fused import FusionRule, lookahead_press
+from lkv.eviction.presses.fused import FusionRule, check_module_settings, lookahead_press
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, make_method, roles_of
 from lkv.eviction.selector import HeadBudget, Selection
@@ -28,7 +28,7 @@ def generate(
     adapter: str | None = None,
     probe: str | None = None,
     probe_weight: float = 0.0,
-    fusion: FusionRule = "mixture",
+    fusion: FusionRule | None = None,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -64,8 +64,8 @@ def generate(
             ``lkv export`` probe folder or a probe checkpoint.
         probe_weight: with ``--method lookaheadkv`` and ``--probe``: the probe's weight in the fused ranking
             (> 0; :func:`lkv.eviction.presses.fused.lookahead_press`).
-        fusion: how the module and the probe are fused: ``mixture`` or ``union``
-            (:class:`~lkv.eviction.presses.FusedPress`).
+        fusion: how the module and the probe are fused: ``mixture`` (the default) or ``union``
+            (:class:`~lkv.eviction.presses.FusedPress`); only with ``--probe_weight``.
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -105,6 +105,10 @@ def generate(
     requires = roles_of(method).requires
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
+    try:
+        check_module_settings(probe_weight=probe_weight, fusion=fusion)
+    except ValueError as error:
+        raise ValueError(f"--probe_weight, --fusion: {error}") from None
     fused = probe_weight > 0
     if fused and requires != "adapter":
         raise ValueError(

@@ -188,6 +188,22 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         lambda root, mp: generate(root, "--probe_weight", "0.5"),
         [r"--probe_weight fuses --method lookaheadkv with a probe", r"got --method snapkv"],
     ),
+    "generate-fusion-without-probe-weight": (
+        lambda root, mp: generate(
+            root,
+            "--method",
+            "lookaheadkv",
+            "--adapter",
+            str(root / "run" / "checkpoints" / "last.ckpt"),
+            "--fusion",
+            "union",
+        ),
+        [
+            r"--probe_weight, --fusion",
+            r"fusion 'union' combines the module with a probe",
+            r"probe_weight > 0",
+        ],
+    ),
     "adapter-folder-as-probe": (
         lambda root, mp: adapter_as_probe(root),
         [r"adapter/probe\.json: not found", r"a probe folder", r"holds a LookaheadKV adapter", r"--adapter"],

@@ -415,6 +415,11 @@ def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
             lkv.commands.eval.evaluate([], budgets=bad, output=str(tmp_path / "bad"))
     with pytest.raises(ValueError, match="--budgets: give at least one budget"):
         lkv.commands.eval.evaluate([], budgets=(), output=str(tmp_path / "bad"))
+    for bad, said in [({"window": -1}, "window must be positive, got -1"), ({"windw": 4}, "windw")]:
+        with pytest.raises(ValueError, match=f"press_args for snapkv: .*{said}"):
+            lkv.commands.eval.evaluate(
+                [], methods=("snapkv",), press_args={"snapkv": bad}, output=str(tmp_path / "bad")
+            )
     assert not (tmp_path / "bad").exists()  # refused before run.json is written
 
 
@@ -658,6 +663,10 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
         ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
         ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
         ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
+        (
+            {"fusion": "union"},
+            "lookaheadkv: fusion 'union' combines the module with a probe: give probe_weight",
+        ),
         ({"kernel": 4}, "lookaheadkv: pooling kernel must be an odd number"),
     ]:
         with pytest.raises(ValueError, match=said):

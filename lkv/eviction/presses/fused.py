@@ -136,14 +136,20 @@ MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
 
 
 def check_module_settings(
-    kernel: int = DEFAULT_KERNEL, pooling: str = "max", probe_weight: float = 0.0, fusion: str = "mixture"
+    kernel: int = DEFAULT_KERNEL, pooling: str = "max", probe_weight: float = 0.0, fusion: str | None = None
 ) -> None:
     """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
-    before an output folder records them)."""
+    before an output folder records them). A ``fusion`` rule without a ``probe_weight`` would fuse nothing:
+    refused rather than ignored."""
     check_pooling(kernel, pooling)
     if not 0 <= probe_weight <= 1:
         raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
-    check_rule(fusion)
+    if fusion is not None:
+        check_rule(fusion)
+        if not probe_weight:
+            raise ValueError(
+                f"fusion {fusion!r} combines the module with a probe: give {PROBE_WEIGHT} > 0 as well"
+            )
 
 
 def lookahead_press(
@@ -152,12 +158,13 @@ def lookahead_press(
     kernel: int = DEFAULT_KERNEL,
     pooling: str = "max",
     probe_weight: float = 0.0,
-    fusion: FusionRule = "mixture",
+    fusion: FusionRule | None = None,
 ) -> Press:
     """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
-    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion``: ``mixture`` pools the
-    mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's pooled scores and the
-    probe's as each ranks alone."""
+    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion`` (None: ``mixture``):
+    ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's
+    pooled scores and the probe's as each ranks alone."""
+    check_module_settings(kernel, pooling, probe_weight, fusion)
     if not probe_weight:
         return LookaheadKVPress(module, kernel, pooling)
     if probe is None:
@@ -167,4 +174,4 @@ def lookahead_press(
     weights = [1 - probe_weight, probe_weight]
     if fusion == "union":
         return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule=fusion)
-    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, fusion)
+    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, "mixture")
