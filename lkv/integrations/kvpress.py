@@ -20,6 +20,11 @@ Usage with kvpress's pipeline, question-agnostic (the context is compressed befo
     press = lookahead_press("runs/adapter", model, compression_ratio=0.75)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
     pipe(context, question="What is the magic number?", press=press)["answer"]
+
+Fused with a trained per-token probe (an ``lkv export`` probe folder for the same base model), as ``lkv generate
+--probe P --probe_weight 0.5 --fusion union`` (:func:`lkv.eviction.presses.fused.lookahead_press`)::
+
+    press = lookahead_press("runs/adapter", model, 0.75, probe="runs/probe", probe_weight=0.5, fusion="union")
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ from transformers import PreTrainedModel
 
 from lkv.core.attention import install_capture
 from lkv.core.cache import gather_layer
-from lkv.eviction.presses import LookaheadKVPress, Press
+from lkv.eviction.presses import Press, ProbePress
+from lkv.eviction.presses.fused import PROBE_WEIGHT, FusionRule, check_module_settings
+from lkv.eviction.presses.fused import lookahead_press as module_press
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection, adaptive_width
 from lkv.eviction.streamed import LayerEvictor
+from lkv.model.lookahead import LookaheadAdapter
 
 # the cache keyword kvpress's pipeline passes (transformers < 5.24), and the one newer transformers reads
 _CACHE_KEYWORDS = ("past_key_values", "cache")
@@ -154,9 +162,17 @@ class LkvPress(BasePress):
 
 
 def lookahead_press(
-    adapter: str | Path, model: PreTrainedModel, compression_ratio: float = 0.0, **options
+    adapter: str | Path,
+    model: PreTrainedModel,
+    compression_ratio: float = 0.0,
+    probe: str | Path | None = None,
+    probe_weight: float = 0.0,
+    fusion: FusionRule | None = None,
+    **options,
 ) -> LkvPress:
-    """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``.
+    """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``, alone or fused
+    with a trained per-token probe, as lkv's own press (:func:`lkv.eviction.presses.fused.lookahead_press`:
+    max-pooled over :data:`~lkv.eviction.presses.lookaheadkv.DEFAULT_KERNEL` positions).
 
     The adapter's LoRA is injected into ``model`` in place and stays off outside the lookahead tokens, so the
     model still computes the base model for the context, the question and the answer; give the same model to
@@ -165,6 +181,24 @@ def lookahead_press(
     Args:
         adapter: the exported folder; model: the base model it was trained on (e.g. ``load_backbone(...)[0]``).
         compression_ratio, options: as :class:`LkvPress`.
+        probe: an ``lkv export`` probe folder for the same base model, fused with the module (needs
+            ``probe_weight``).
+        probe_weight: the probe's weight in ``(0, 1]`` in the fused ranking (0: the module alone; needs ``probe``).
+        fusion: ``mixture`` (None: the default) or ``union`` (:class:`~lkv.eviction.presses.FusedPress`); only
+            with ``probe_weight``.
+
+    Raises:
+        ValueError: for settings lkv's press refuses, or a probe without a weight or a weight without a probe
+            (before anything is loaded).
     """
+    check_module_settings(probe_weight=probe_weight, fusion=fusion)
+    if (probe is None) != (not probe_weight):
+        raise ValueError(
+            f"a probe and {PROBE_WEIGHT} > 0 go together (the probe's weight in the fused ranking); got "
+            f"probe={probe!r}, {PROBE_WEIGHT}={probe_weight}"
+        )
     install_capture(model)
-    return LkvPress(LookaheadKVPress.from_folder(adapter, model), compression_ratio, **options)
+    module = LookaheadAdapter.load(adapter, model)
+    probe_press = None if probe is None else ProbePress.from_folder(probe, model)
+    press = module_press(module, probe_press, probe_weight=probe_weight, fusion=fusion)
+    return LkvPress(press, compression_ratio, **options)

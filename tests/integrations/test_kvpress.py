@@ -16,7 +16,9 @@ from lkv.core.cache import key_mask  # noqa: E402
 from lkv.core.compat import cache_kwargs  # noqa: E402
 from lkv.core.generation import Sampling  # noqa: E402
 from lkv.eviction.compressor import Compressor  # noqa: E402
-from lkv.eviction.presses import LookaheadKVPress  # noqa: E402
+from lkv.eviction.presses import LookaheadKVPress, Press  # noqa: E402
+from lkv.eviction.presses.fused import RULES  # noqa: E402
+from lkv.eviction.presses.fused import lookahead_press as module_press  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
 from lkv.eviction.selector import Selection, adaptive_width  # noqa: E402
 from lkv.eviction.streamed import streamed_compress  # noqa: E402
@@ -35,7 +37,20 @@ UNIFORM = [
     "expected_attention",
     "keydiff",
     "probe",
+    *(f"lookaheadkv+probe ({rule})" for rule in RULES),
 ]
+# the probe's weight in the fused presses: unequal, so a swap of the weights would show
+FUSED_WEIGHT = 0.3
+
+
+def build(method: str, model) -> Press:
+    """``build_press``, plus ``lookaheadkv+probe (<rule>)``: lkv's own press of the lookahead module fused with
+    the probe by that rule (pooled as a loaded module pools)."""
+    if not method.startswith("lookaheadkv+probe"):
+        return build_press(method, model)
+    rule = method.split("(")[1].rstrip(")")
+    module, probe = build_press("lookaheadkv", model).adapter, build_press("probe", model)
+    return module_press(module, probe, probe_weight=FUSED_WEIGHT, fusion=rule)
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
@@ -51,7 +66,7 @@ def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
 @pytest.mark.parametrize("ratio", [0.75, 0.5, 0.1])
 def test_kvpress_hook_keeps_what_lkv_streamed_eviction_keeps(family, method, ratio):
     model, _ = build_tiny_model(family)
-    lkv_press = build_press(method, model)
+    lkv_press = build(method, model)
     model = lkv_press.base_model if isinstance(lkv_press, LookaheadKVPress) else model
     ids = prompt(model)
     budget = compute_n_kept(PROMPT_LEN, ratio)
@@ -191,3 +206,52 @@ def test_lookahead_press_loads_an_exported_adapter(tmp_path):
     got = kvpress_prefill(fresh, lookahead_press(tmp_path / "adapter", fresh, compression_ratio=0.5), ids)
     for a, b in zip(got.layers, want.layers, strict=True):
         torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-6)
+
+
+def same_cache(a: DynamicCache, b: DynamicCache) -> bool:
+    return all(torch.equal(x.keys, y.keys) for x, y in zip(a.layers, b.layers, strict=True))
+
+
+@pytest.mark.parametrize("fusion", RULES)
+def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_path, fusion):
+    model, _ = build_tiny_model("llama")
+    module, probe = build_press("lookaheadkv", model).adapter, build_press("probe", model)
+    module.save(tmp_path / "adapter")
+    probe.probe.save(tmp_path / "probe")
+    ids = prompt(model)
+
+    def lkv(**settings) -> DynamicCache:
+        return kvpress_prefill(model, LkvPress(module_press(module, **settings), compression_ratio=0.5), ids)
+
+    want = lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion)
+    fresh, _ = build_tiny_model("llama")
+    press = lookahead_press(
+        tmp_path / "adapter",
+        fresh,
+        compression_ratio=0.5,
+        probe=tmp_path / "probe",
+        probe_weight=FUSED_WEIGHT,
+        fusion=fusion,
+    )
+    got = kvpress_prefill(fresh, press, ids)
+    for a, b in zip(got.layers, want.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-6)
+    # the probe and the rule change what is kept on this prompt: a press that ignored either would differ
+    other = next(rule for rule in RULES if rule != fusion)
+    assert not same_cache(want, lkv())
+    assert not same_cache(want, lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=other))
+
+
+def test_lookahead_press_refuses_bad_fusion_settings_before_loading(tmp_path, tiny_llama):
+    model, _ = tiny_llama
+    missing = tmp_path / "missing"  # nothing to load: a FileNotFoundError would mean the check came too late
+    with pytest.raises(ValueError, match="probe and probe_weight > 0 go together"):
+        lookahead_press(missing, model, 0.5, probe_weight=0.5)
+    with pytest.raises(ValueError, match="probe and probe_weight > 0 go together"):
+        lookahead_press(missing, model, 0.5, probe=missing)
+    with pytest.raises(ValueError, match="give probe_weight > 0"):
+        lookahead_press(missing, model, 0.5, fusion="union")
+    with pytest.raises(ValueError, match="fusion rule must be one of"):
+        lookahead_press(missing, model, 0.5, probe=missing, probe_weight=0.5, fusion="max")
+    with pytest.raises(ValueError, match=r"probe_weight must be in \[0, 1\]"):
+        lookahead_press(missing, model, 0.5, probe=missing, probe_weight=1.5)
