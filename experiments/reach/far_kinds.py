@@ -41,30 +41,36 @@ def kind(meta: dict[str, Any]) -> str:
 
 
 def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budgets: list[str]) -> list[str]:
-    """Markdown: kept counts per (place, kind) group and budget, then each method − reference paired."""
+    """Markdown: kept counts per (place, kind) group and per place, by budget, then each method − reference
+    paired on the same groups."""
     rows = [r for r in rows if r["setting"] == "aware" and "family" in r.get("meta", {})]
     solved, outcome, meta = solved_outcomes(rows)
     where = {k: (place(meta[k]), kind(meta[k])) for k in solved}  # FullKV-solved key → (place, kind)
     groups = sorted({g for g in where.values() if g[0]})
-    header = " | ".join(f"{p}, {k} (n = {sum(1 for g in where.values() if g == (p, k))})" for p, k in groups)
-    lines = ["| method | C | " + header + " | far, all |", "|---|---|" + "---:|" * (len(groups) + 1)]
+    places = sorted({p for p, _ in groups})
+    # a column is a (place, kind) group, or a place with every kind ("all")
+    columns = [*groups, *((p, "all") for p in places)]
+
+    def members(column: tuple[str, str], keys: list) -> list:
+        return [s for s in keys if where[s] == column or (column[1] == "all" and where[s][0] == column[0])]
+
+    header = " | ".join(f"{p}, {k} (n = {len(members((p, k), list(where)))})" for p, k in columns)
+    lines = ["| method | C | " + header + " |", "|---|---|" + "---:|" * len(columns)]
     for method in methods:
         for budget in budgets:
             scores = outcome.get((method, budget), {})
-            cells = [_kept([v for s, v in scores.items() if where[s] == g]) for g in groups]
-            cells.append(_kept([v for s, v in scores.items() if where[s][0] == "far"]))
+            cells = [_kept([scores[s] for s in members(c, list(scores))]) for c in columns]
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
     lines += ["", f"Paired against {reference} (points, wins/losses, exact McNemar p):", ""]
     lines += [
-        "| method | C | " + " | ".join(f"{p}, {k}" for p, k in groups) + " | far, all |",
-        "|---|---|" + "---:|" * (len(groups) + 1),
+        "| method | C | " + " | ".join(f"{p}, {k}" for p, k in columns) + " |",
+        "|---|---|" + "---:|" * len(columns),
     ]
     for method in (m for m in methods if m != reference):
         for budget in budgets:
             mine, theirs = outcome.get((method, budget), {}), outcome.get((reference, budget), {})
             common = [s for s in mine if s in theirs]
-            cells = [paired_cell(mine, theirs, [s for s in common if where[s] == g]) for g in groups]
-            cells.append(paired_cell(mine, theirs, [s for s in common if where[s][0] == "far"]))
+            cells = [paired_cell(mine, theirs, members(c, common)) for c in columns]
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
     return lines + [""]
 
