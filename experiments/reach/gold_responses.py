@@ -30,7 +30,16 @@ from lkv.model.assets import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 # the fact formats of the long prompts (every training format)
-FORMATS = "magic_number passcode vault_code room_number colour venue ingredient departure".split()
+FORMATS = [
+    "magic_number",
+    "passcode",
+    "vault_code",
+    "room_number",
+    "colour",
+    "venue",
+    "ingredient",
+    "departure",
+]
 
 
 def fact_sentence(content: str, value: str) -> str:
