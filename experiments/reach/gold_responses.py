@@ -75,7 +75,7 @@ def main() -> None:
     right = replaced = retokenised = 0
     lines = []
     for shard in sorted(args.labels.glob("*.parquet")):
-        for row in pq.read_table(shard, columns=["id", "kind", "response_ids"]).to_pylist():
+        for row in pq.read_table(shard, columns=["id", "response_ids"]).to_pylist():
             prompt, ids = by_id[row["id"]], row["response_ids"]
             if prompt.answer is not None and prompt.answer not in tokenizer.decode(ids):
                 sentence = fact_sentence(prompt.messages[-1]["content"], prompt.answer)
