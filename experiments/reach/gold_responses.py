@@ -8,24 +8,25 @@ prompts among configs/experiments/reach_kinds_smollm2.yaml's 48 long prompts rig
 another city or colour, or describes the text, so those labels teach the module to keep something else than
 the asked fact. This writes one response per prompt of that label folder: the labeller's own response where
 its answer holds the asked value and for every prompt without a checkable answer (where its tokens are not
-the tokenizer's own tokenisation of its text, which `lkv label` refuses, that text's own tokens, cut to the
-same length); otherwise the fact's own sentence as it stands in the passage (e.g. "The special magic number
-for apple is 2283766."), followed by the end-of-turn token the labeller ends its answers with. `lkv label --responses` then teacher-forces these and
-labels the attention that a right answer pays to the prompt (experiments/reach/README.md, section 12).
+the tokenizer's own tokenisation of its text, which `lkv label --responses` refuses, that text's own tokens,
+cut to the same length); otherwise the fact's own sentence as it stands in the passage (e.g. "The special
+magic number for apple is 2283766.") and the end-of-turn token (:func:`lkv.labels.gold.reference_response`).
+`lkv label --responses` then teacher-forces these and labels the attention that a right answer pays to the
+prompt (experiments/reach/README.md, section 12). `lkv label --gold_answers` does the same in one run, but
+keeps the labeller's own tokens where this file must retokenise (3 of the 48 prompts).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
 from transformers import AutoTokenizer
 
 from lkv.labels.builtin_prompts import BuiltinPrompts
-from lkv.labels.facts import FACT_FORMATS
+from lkv.labels.gold import reference_response
 from lkv.model.assets import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,18 +41,7 @@ FORMATS = [
     "ingredient",
     "departure",
 ]
-
-
-def fact_sentence(content: str, value: str) -> str:
-    """The fact statement in ``content`` whose value is ``value`` (a training format's sentence)."""
-    for fact in FACT_FORMATS:
-        head, tail = fact.statement.split("{value}")
-        key = r"[\w'-]+(?: [\w'-]+)?"  # one or two words
-        pattern = re.escape(head).replace(re.escape("{key}"), key) + re.escape(value + tail)
-        match = re.search(pattern, content)
-        if match:
-            return match.group(0)
-    raise ValueError(f"no fact statement with the value {value!r} in the prompt")
+RESPONSE_TOKENS = 64  # the label command's --response_tokens
 
 
 def main() -> None:
@@ -77,9 +67,9 @@ def main() -> None:
     for shard in sorted(args.labels.glob("*.parquet")):
         for row in pq.read_table(shard, columns=["id", "response_ids"]).to_pylist():
             prompt, ids = by_id[row["id"]], row["response_ids"]
-            if prompt.answer is not None and prompt.answer not in tokenizer.decode(ids):
-                sentence = fact_sentence(prompt.messages[-1]["content"], prompt.answer)
-                ids = tokenizer(sentence, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+            reference = reference_response(prompt, ids, tokenizer, tokenizer.eos_token_id, RESPONSE_TOKENS)
+            if reference is not None:
+                ids = reference
                 replaced += 1
             else:
                 right += prompt.answer is not None

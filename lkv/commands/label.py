@@ -20,7 +20,7 @@ from lkv.labels.batched import length_batches
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
 from lkv.labels.labeller import LABEL_MODES
-from lkv.labels.predict import LabelingModule, ShardPredictionWriter, responses_meta
+from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
 from lkv.labels.prompts import Prompt, PromptSource
 from lkv.labels.responses import ResponsesFile
 from lkv.labels.shards import META_FILE, finished_ids, grow_prompt_source, read_meta, shard_files
@@ -52,6 +52,7 @@ def label(
     strategy: str = "auto",
     progress: bool = True,
     label_mode: Literal["aware", "agnostic"] = "aware",
+    gold_answers: bool = False,
 ) -> str:
     """Generate each prompt's greedy response and its ground-truth importance, as parquet label shards.
 
@@ -88,6 +89,11 @@ def label(
             — a module for question-agnostic compression. Needs prompts that name their question
             (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) and stored scores;
             prompts are labelled one at a time and responses are generated here.
+        gold_answers: where a prompt carries its expected answer (``BuiltinPrompts``' find_value facts, a
+            JSONL ``answer``) and the generated response misses it, teacher-force the sentence that states the
+            answer (else the answer itself) in its place, so the labels are the attention of a right answer
+            (:mod:`lkv.labels.gold`). A small labeller answers far facts wrong; experiments/reach/README.md,
+            section 12 measures the effect. Aware labels generated here only; recorded in ``meta.json``.
     """
     if label_mode not in LABEL_MODES:
         raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
@@ -99,6 +105,11 @@ def label(
     if label_mode == "agnostic" and responses is not None:
         raise ValueError(
             "--label_mode agnostic generates its responses here; --responses is for aware labels"
+        )
+    if gold_answers and (label_mode != "aware" or responses is not None):
+        raise ValueError(
+            "--gold_answers replaces wrong answers generated here in aware labels; it takes neither "
+            "--label_mode agnostic nor --responses (put right answers in the responses file instead)"
         )
     for name, value in (
         ("response_tokens", response_tokens),
@@ -120,7 +131,7 @@ def label(
         score_dtype=score_dtype,
         store_scores=store_scores,
         label_mode=label_mode,
-        extra=responses_meta(engine),
+        extra=run_meta(engine, gold_answers),
         chat_template_kwargs=template_kwargs(enable_thinking),
     )
     all_prompts = list(prompts)
@@ -157,6 +168,7 @@ def label(
             engine,
             label_mode,
             enable_thinking,
+            gold_answers,
         )
         writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
         trainer = L.Trainer(
@@ -179,6 +191,11 @@ def label(
             reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
             print(
                 f"lkv label: skipped {writer.skipped} prompts ({reason}; max_prompt_tokens={max_prompt_tokens})"
+            )
+        if gold_answers:
+            print(
+                f"lkv label: {module.corrected} of {module.answers} generated answers missed the prompt's "
+                "answer; the reference response was teacher-forced in their place (--gold_answers)"
             )
         if batch_size > 1 and module.cache_tokens:
             rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""

@@ -282,7 +282,8 @@ class BuiltinPrompts(PromptSource):
             else:
                 low = math.ceil(self.fact_depths[0] * len(units))
                 depth = rng.randint(low, max(low, math.floor(self.fact_depths[1] * len(units))))
-            units.insert(depth, _as_unit(fact.statement.format(key=key, value=value), units, depth, code))
+            evidence = fact.statement.format(key=key, value=value)
+            units.insert(depth, _as_unit(evidence, units, depth, code))
             if self.distractor_facts:  # no draws without them: a default prompt keeps its draws
                 keys = rng.sample([k for k in TRAIN_KEYS if k != key], self.distractor_facts)
                 for other in keys:
@@ -298,6 +299,7 @@ class BuiltinPrompts(PromptSource):
             instruction = rng.choice(fact.questions).format(key=key)
             answer = value
             meta["depth"] = round(depth / (len(units) - 1), 4)
+            meta["evidence"] = evidence  # the sentence stating the answer (`lkv label --gold_answers`)
         else:
             kind = self._family(source, rng)
             if kind in EXTRA_FAMILIES:

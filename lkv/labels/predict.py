@@ -8,7 +8,9 @@ an interruption finishes the set without duplicates or gaps.
 With ``batch_size`` B > 1 a loader item is a batch of B prompts of similar length (sorted by their text
 length, the longest first), labelled together by :func:`lkv.labels.batched.label_batch`; the padding
 fraction of the stacked caches is printed at the end. With ``responses`` the responses come from a file
-(:mod:`lkv.labels.responses`) and only the teacher-forced ground truth is computed.
+(:mod:`lkv.labels.responses`) and only the teacher-forced ground truth is computed. With ``gold_answers`` a
+generated response that misses its prompt's expected answer is replaced by the reference response
+(:mod:`lkv.labels.gold`), teacher-forced.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from lkv.core.chat import template_kwargs
 from lkv.core.generation import eos_ids
 from lkv.core.progress import Progress
 from lkv.labels.batched import label_batch, label_response
+from lkv.labels.gold import reference_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
 from lkv.labels.prompts import Prompt, render_prompt
 from lkv.labels.responses import ResponsesFile
@@ -38,6 +41,8 @@ class LabelingModule(L.LightningModule):
 
     Args:
         responses: responses from another engine (only the teacher-forced pass runs), or None to generate.
+        gold_answers: replace a generated response that misses its prompt's answer by the reference
+            response (:func:`lkv.labels.gold.reference_response`), teacher-forced.
     """
 
     def __init__(
@@ -52,6 +57,7 @@ class LabelingModule(L.LightningModule):
         responses: ResponsesFile | None = None,
         label_mode: str = "aware",
         enable_thinking: bool = False,
+        gold_answers: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["responses"])
@@ -62,6 +68,9 @@ class LabelingModule(L.LightningModule):
         # tokens of the stacked prompt caches: all columns, and those holding prompt tokens (not padding)
         self.cache_tokens = 0
         self.prompt_tokens = 0
+        # prompts with a checkable answer, and those whose generated answer missed it (--gold_answers)
+        self.answers = 0
+        self.corrected = 0
 
     def configure_model(self) -> None:
         if self.backbone is not None:
@@ -114,6 +123,8 @@ class LabelingModule(L.LightningModule):
         else:
             prompts = [ids for _, ids in rendered]
             labels = label_batch(self.backbone, prompts, hp.response_tokens, self.eos, hp.store_scores)
+            if hp.gold_answers:
+                labels = [self._gold(*item, label) for item, label in zip(rendered, labels, strict=True)]
             self.cache_tokens += len(prompts) * max(map(len, prompts))
             self.prompt_tokens += sum(map(len, prompts))
         results: list[dict[str, Any] | None] = [
@@ -121,6 +132,20 @@ class LabelingModule(L.LightningModule):
             for (prompt, ids), label in zip(rendered, labels, strict=True)
         ]
         return results + [None] * (len(batch) - len(rendered))
+
+    def _gold(self, prompt: Prompt, ids: list[int], label: Label) -> Label:
+        """``label``, or where its response misses ``prompt``'s answer the label of the reference response."""
+        self.answers += prompt.answer is not None
+        end = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos[0]
+        reference = reference_response(
+            prompt, label.response_ids, self.tokenizer, end, self.hparams.response_tokens
+        )
+        if reference is None:
+            return label
+        self.corrected += 1
+        return Label(
+            reference, label_response(self.backbone, ids, reference) if self.hparams.store_scores else None
+        )
 
     def _render(self, prompt: Prompt) -> tuple[list[int] | None, list[int] | None]:
         """``(prompt ids, question ids)``: the whole prompt and None (``aware``), or the context and its
@@ -182,7 +207,7 @@ class ShardPredictionWriter(BasePredictionWriter):
             store_scores=hp.store_scores,
             prompt_source=self.prompt_source,
             extra={
-                **responses_meta(pl_module.responses),
+                **run_meta(pl_module.responses, hp.gold_answers),
                 "chat_template_kwargs": template_kwargs(hp.enable_thinking),
             },
         )
@@ -222,6 +247,10 @@ class ShardPredictionWriter(BasePredictionWriter):
         self.writer.flush()
 
 
-def responses_meta(responses: ResponsesFile | None) -> dict[str, Any]:
-    """The label meta's ``extra`` entry naming where the responses came from (none when generated here)."""
-    return {} if responses is None else {"responses": responses.source}
+def run_meta(responses: ResponsesFile | None, gold_answers: bool) -> dict[str, Any]:
+    """The label meta's ``extra`` entries naming where the responses came from (none when generated here)
+    and whether wrong answers were replaced (only when they were, so older folders resume unchanged)."""
+    extra: dict[str, Any] = {} if responses is None else {"responses": responses.source}
+    if gold_answers:
+        extra["gold_answers"] = True
+    return extra

@@ -77,6 +77,8 @@ def test_find_value_prompts_contain_their_answer(tiny_corpus):
         assert re.fullmatch(r"\d{7}", prompt.answer)
         assert content.count(prompt.answer) == 1
         fact = next(line for line in content.splitlines() if prompt.answer in line)
+        # the sentence stating it (a code prompt's comment), which `lkv label --gold_answers` teacher-forces
+        assert prompt.answer in prompt.meta["evidence"] and prompt.meta["evidence"] in fact
         key = re.search(r"(?:for|of the) (\w+)(?: vault)? is", fact).group(1)
         assert content.count(key) >= 2  # once in the fact, once in the question
         assert 0.0 <= prompt.meta["depth"] <= 1.0

@@ -367,3 +367,41 @@ def test_labels_render_the_chat_template_with_thinking_off(tiny_llama, jsonl, tm
     assert read_meta(off).extra["chat_template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(ValueError, match="chat_template_kwargs"):
         run(folder, jsonl, off, enable_thinking=True)
+
+
+def test_gold_answers_replace_only_the_wrong_answers(saved_model, jsonl, tmp_path, capsys):
+    """A response holding its prompt's answer, and a prompt without one, keep the generated labels; a
+    response missing the answer is replaced by the answer, labelled as a given response of that text."""
+    run(saved_model, jsonl, tmp_path / "generated")
+    generated = {row["id"]: row for row in load_labels(tmp_path / "generated")}
+    _, tokenizer = load_backbone(str(saved_model))
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    # q1 answered right: its answer is what it generated (a random model's text, whatever it is)
+    records[1]["answer"] = tokenizer.decode(generated["q1"]["response_ids"])
+    records[2]["answer"] = records[4]["answer"] = "zeta theta"  # q2, q4 answered wrong (not generated)
+    assert all("zeta theta" not in tokenizer.decode(generated[f"q{i}"]["response_ids"]) for i in (2, 4))
+    with_answers = tmp_path / "answers.jsonl"
+    with_answers.write_text("".join(json.dumps(record) + "\n" for record in records))
+    run(saved_model, with_answers, tmp_path / "gold", gold_answers=True)
+    assert "2 of 3 generated answers missed" in capsys.readouterr().out
+    assert read_meta(tmp_path / "gold").extra["gold_answers"] is True
+    eos = tokenizer.eos_token_id
+    given = [{"id": f"q{i}", "response_ids": generated[f"q{i}"]["response_ids"]} for i in (0, 1, 3)]
+    cut = tokenizer("zeta theta").input_ids[:4] + [eos]  # R - 1 = 4 tokens of the answer, then the EOS
+    given += [{"id": f"q{i}", "response_ids": cut} for i in (2, 4)]
+    responses = write_responses(tmp_path / "right.jsonl", given)
+    run(saved_model, with_answers, tmp_path / "teacher_forced", responses=str(responses))
+    want = {row["id"]: row for row in load_labels(tmp_path / "teacher_forced")}
+    for row in load_labels(tmp_path / "gold"):
+        assert row["response_ids"] == want[row["id"]]["response_ids"]
+        assert (row["response_ids"] == generated[row["id"]]["response_ids"]) == (
+            row["id"] not in ("q2", "q4")
+        )
+        torch.testing.assert_close(
+            torch.tensor(row["scores"]), torch.tensor(want[row["id"]]["scores"]), atol=1e-6, rtol=0
+        )
+    with pytest.raises(ValueError, match="gold_answers"):  # a folder of gold answers resumes only with them
+        run(saved_model, with_answers, tmp_path / "gold")
+    for other in ({"responses": str(responses)}, {"label_mode": "agnostic"}):
+        with pytest.raises(ValueError, match="--gold_answers replaces wrong answers"):
+            run(saved_model, with_answers, tmp_path / "refused", gold_answers=True, **other)
