@@ -91,7 +91,7 @@ def label(
             prompts are labelled one at a time and responses are generated here.
         gold_answers: where a prompt carries its expected answer (``BuiltinPrompts``' find_value facts, a
             JSONL ``answer``) and the generated response misses it, teacher-force the sentence that states the
-            answer (else the answer itself) in its place, so the labels are the attention of a right answer
+            answer (a JSONL ``evidence``; else the answer itself) in its place, so the labels are the attention of a right answer
             (:mod:`lkv.labels.gold`). A small labeller answers far facts wrong; experiments/reach/README.md,
             section 12 measures the effect. Aware labels generated here only; recorded in ``meta.json``.
     """

@@ -14,7 +14,8 @@ from lkv.labels.prompts import Prompt, PromptSource
 class JsonlPrompts(PromptSource):
     """Prompts from a JSONL file: one JSON object per line with a ``messages`` list or a ``prompt`` string.
 
-    Optional per-line keys: ``doc_id`` (default: the prompt id), ``kind`` (default ``chat``), ``answer``.
+    Optional per-line keys: ``doc_id`` (default: the prompt id), ``kind`` (default ``chat``), ``answer``,
+    ``evidence`` (the prompt's sentence that states the answer: what ``lkv label --gold_answers`` teacher-forces).
     Trailing assistant turns are dropped: the model's own response is what gets labelled.
 
     Args:
@@ -178,7 +179,7 @@ def _record_prompt(
                 f"{where}: expected a 'messages' list or a 'prompt' string, found keys {sorted(record)}"
             )
     prompt_id = str(_required(record, id_field, (str, int), where)) if id_field else default_id
-    answer = record.get("answer")
+    answer, evidence = record.get("answer"), record.get("evidence")
     return Prompt(
         id=prompt_id,
         messages=_messages(_required(record, field_name, (str, list), where), where, field_name),
@@ -186,6 +187,7 @@ def _record_prompt(
         doc_id=str(record.get("doc_id", prompt_id)),
         kind=str(record.get("kind", "chat")),
         answer=answer if isinstance(answer, str) else None,
+        meta={"evidence": evidence} if isinstance(evidence, str) else {},
     )
 
 

@@ -379,6 +379,7 @@ def test_gold_answers_replace_only_the_wrong_answers(saved_model, jsonl, tmp_pat
     # q1 answered right: its answer is what it generated (a random model's text, whatever it is)
     records[1]["answer"] = tokenizer.decode(generated["q1"]["response_ids"])
     records[2]["answer"] = records[4]["answer"] = "zeta theta"  # q2, q4 answered wrong (not generated)
+    records[4]["evidence"] = "The word is zeta theta."  # q4 names the sentence that states its answer
     assert all("zeta theta" not in tokenizer.decode(generated[f"q{i}"]["response_ids"]) for i in (2, 4))
     with_answers = tmp_path / "answers.jsonl"
     with_answers.write_text("".join(json.dumps(record) + "\n" for record in records))
@@ -387,8 +388,8 @@ def test_gold_answers_replace_only_the_wrong_answers(saved_model, jsonl, tmp_pat
     assert read_meta(tmp_path / "gold").extra["gold_answers"] is True
     eos = tokenizer.eos_token_id
     given = [{"id": f"q{i}", "response_ids": generated[f"q{i}"]["response_ids"]} for i in (0, 1, 3)]
-    cut = tokenizer("zeta theta").input_ids[:4] + [eos]  # R - 1 = 4 tokens of the answer, then the EOS
-    given += [{"id": f"q{i}", "response_ids": cut} for i in (2, 4)]
+    for i, text in ((2, "zeta theta"), (4, "The word is zeta theta.")):  # R - 1 = 4 tokens, then the EOS
+        given.append({"id": f"q{i}", "response_ids": tokenizer(text).input_ids[:4] + [eos]})
     responses = write_responses(tmp_path / "right.jsonl", given)
     run(saved_model, with_answers, tmp_path / "teacher_forced", responses=str(responses))
     want = {row["id"]: row for row in load_labels(tmp_path / "teacher_forced")}
