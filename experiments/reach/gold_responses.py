@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from transformers import AutoTokenizer
 
 from lkv.labels.builtin_prompts import BuiltinPrompts
-from lkv.labels.gold import reference_response
+from lkv.labels.gold import missed, reference_response
 from lkv.model.assets import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,14 +65,19 @@ def main() -> None:
     right = replaced = retokenised = 0
     lines = []
     for shard in sorted(args.labels.glob("*.parquet")):
-        for row in pq.read_table(shard, columns=["id", "response_ids"]).to_pylist():
+        for row in pq.read_table(shard, columns=["id", "prompt_ids", "response_ids"]).to_pylist():
             prompt, ids = by_id[row["id"]], row["response_ids"]
-            reference = reference_response(prompt, ids, tokenizer, tokenizer.eos_token_id, RESPONSE_TOKENS)
+            wrong = missed(prompt, ids, tokenizer)
+            right += prompt.answer is not None and not wrong
+            shown = tokenizer.decode(row["prompt_ids"], clean_up_tokenization_spaces=False)
+            reference = (
+                reference_response(prompt, shown, tokenizer, tokenizer.eos_token_id, RESPONSE_TOKENS)
+                if wrong
+                else None
+            )
             if reference is not None:
                 ids = reference
                 replaced += 1
-            else:
-                right += prompt.answer is not None
             canonical = tokenizer(tokenizer.decode(ids), add_special_tokens=False).input_ids
             if canonical != ids:  # generated in a tokenisation `lkv label` refuses: the same text's own
                 ids = canonical[: len(ids)]  # tokens, cut to the response's length (--response_tokens)

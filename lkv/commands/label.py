@@ -93,7 +93,8 @@ def label(
             JSONL ``answer``) and the generated response misses it, teacher-force the sentence that states the
             answer (a JSONL ``evidence``; else the answer itself) in its place, so the labels are the attention of a right answer
             (:mod:`lkv.labels.gold`). A small labeller answers far facts wrong; experiments/reach/README.md,
-            section 12 measures the effect. Aware labels generated here only; recorded in ``meta.json``.
+            section 12 measures the effect. Not where truncation cut the answer from the prompt. Aware
+            labels generated here only; recorded in ``meta.json``.
     """
     if label_mode not in LABEL_MODES:
         raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
@@ -194,8 +195,15 @@ def label(
             )
         if gold_answers:
             print(
-                f"lkv label: {module.corrected} of {module.answers} generated answers missed the prompt's "
-                "answer; the reference response was teacher-forced in their place (--gold_answers)"
+                f"lkv label: {module.corrected + module.unshown} of {module.answers} generated answers missed "
+                f"the prompt's answer; the reference response was teacher-forced in place of {module.corrected} "
+                "(--gold_answers)"
+                + (
+                    f"; {module.unshown} keep theirs, their answer not in the prompt as rendered (truncation, "
+                    f"max_prompt_tokens={max_prompt_tokens})"
+                    if module.unshown
+                    else ""
+                )
             )
         if batch_size > 1 and module.cache_tokens:
             rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""

@@ -26,7 +26,7 @@ from lkv.core.chat import template_kwargs
 from lkv.core.generation import eos_ids
 from lkv.core.progress import Progress
 from lkv.labels.batched import label_batch, label_response
-from lkv.labels.gold import reference_response
+from lkv.labels.gold import missed, reference_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
 from lkv.labels.prompts import Prompt, render_prompt
 from lkv.labels.responses import ResponsesFile
@@ -68,9 +68,11 @@ class LabelingModule(L.LightningModule):
         # tokens of the stacked prompt caches: all columns, and those holding prompt tokens (not padding)
         self.cache_tokens = 0
         self.prompt_tokens = 0
-        # prompts with a checkable answer, and those whose generated answer missed it (--gold_answers)
+        # prompts with a checkable answer; of those whose generated answer missed it, the ones corrected and
+        # the ones whose answer is not in the prompt as rendered (cut by truncation) (--gold_answers)
         self.answers = 0
         self.corrected = 0
+        self.unshown = 0
 
     def configure_model(self) -> None:
         if self.backbone is not None:
@@ -136,11 +138,13 @@ class LabelingModule(L.LightningModule):
     def _gold(self, prompt: Prompt, ids: list[int], label: Label) -> Label:
         """``label``, or where its response misses ``prompt``'s answer the label of the reference response."""
         self.answers += prompt.answer is not None
+        if not missed(prompt, label.response_ids, self.tokenizer):
+            return label
+        shown = self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
         end = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.eos[0]
-        reference = reference_response(
-            prompt, label.response_ids, self.tokenizer, end, self.hparams.response_tokens
-        )
+        reference = reference_response(prompt, shown, self.tokenizer, end, self.hparams.response_tokens)
         if reference is None:
+            self.unshown += 1
             return label
         self.corrected += 1
         return Label(

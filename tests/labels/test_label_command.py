@@ -370,21 +370,34 @@ def test_labels_render_the_chat_template_with_thinking_off(tiny_llama, jsonl, tm
 
 
 def test_gold_answers_replace_only_the_wrong_answers(saved_model, jsonl, tmp_path, capsys):
-    """A response holding its prompt's answer, and a prompt without one, keep the generated labels; a
-    response missing the answer is replaced by the answer, labelled as a given response of that text."""
-    run(saved_model, jsonl, tmp_path / "generated")
+    """A response holding its prompt's answer, a prompt without one, and one whose answer is not in the
+    prompt as rendered keep the generated labels; a response missing the answer is replaced by the sentence
+    stating it (else the answer), labelled as a given response of that text."""
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    for i in (2, 4):  # the prompts that state q2's and q4's answer
+        records[i]["prompt"] += " The word is zeta theta."
+    stated = tmp_path / "stated.jsonl"
+    stated.write_text("".join(json.dumps(record) + "\n" for record in records))
+    run(saved_model, stated, tmp_path / "generated")
     generated = {row["id"]: row for row in load_labels(tmp_path / "generated")}
     _, tokenizer = load_backbone(str(saved_model))
-    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     # q1 answered right: its answer is what it generated (a random model's text, whatever it is)
     records[1]["answer"] = tokenizer.decode(generated["q1"]["response_ids"])
     records[2]["answer"] = records[4]["answer"] = "zeta theta"  # q2, q4 answered wrong (not generated)
     records[4]["evidence"] = "The word is zeta theta."  # q4 names the sentence that states its answer
-    assert all("zeta theta" not in tokenizer.decode(generated[f"q{i}"]["response_ids"]) for i in (2, 4))
+    records[3]["answer"] = "omega psi"  # q3's answer is not in its prompt (as if truncation had cut it)
+    assert all(
+        answer not in tokenizer.decode(generated[f"q{i}"]["response_ids"])
+        for i, answer in ((2, "zeta theta"), (3, "omega psi"), (4, "zeta theta"))
+    )
     with_answers = tmp_path / "answers.jsonl"
     with_answers.write_text("".join(json.dumps(record) + "\n" for record in records))
     run(saved_model, with_answers, tmp_path / "gold", gold_answers=True)
-    assert "2 of 3 generated answers missed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert (
+        "3 of 4 generated answers missed the prompt's answer; the reference response was teacher-forced "
+        "in place of 2 (--gold_answers); 1 keep theirs, their answer not in the prompt as rendered"
+    ) in out
     assert read_meta(tmp_path / "gold").extra["gold_answers"] is True
     eos = tokenizer.eos_token_id
     given = [{"id": f"q{i}", "response_ids": generated[f"q{i}"]["response_ids"]} for i in (0, 1, 3)]
