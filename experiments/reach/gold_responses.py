@@ -69,12 +69,12 @@ def main() -> None:
             prompt, ids = by_id[row["id"]], row["response_ids"]
             wrong = missed(prompt, ids, tokenizer)
             right += prompt.answer is not None and not wrong
-            shown = tokenizer.decode(row["prompt_ids"], clean_up_tokenization_spaces=False)
-            reference = (
-                reference_response(prompt, shown, tokenizer, tokenizer.eos_token_id, RESPONSE_TOKENS)
-                if wrong
-                else None
-            )
+            reference = None
+            if wrong:  # the prompt as `lkv label` rendered it, decoded only where an answer needs a reference
+                shown = tokenizer.decode(row["prompt_ids"], clean_up_tokenization_spaces=False)
+                reference = reference_response(
+                    prompt, shown, tokenizer, tokenizer.eos_token_id, RESPONSE_TOKENS
+                )
             if reference is not None:
                 ids = reference
                 replaced += 1
