@@ -81,6 +81,13 @@ def _mid(values: list[float]) -> tuple[float, float, float]:
     return low, sum(values) / len(values), high
 
 
+def held_in_oracle_heads(oracle: list[float], mine: list[float]) -> tuple[int, int]:
+    """Per-head value shares (``per_head`` of a needle-token row) → (heads where the Oracle keeps every value
+    token and ``mine`` does too, heads where the Oracle does)."""
+    heads = [i for i, share in enumerate(oracle) if share >= 1.0]
+    return sum(mine[i] >= 1.0 for i in heads), len(heads)
+
+
 def oracle_head_table(rows: list[dict[str, Any]], methods: list[str], distances: list[int]) -> list[str]:
     """Of the (sample, layer, head) where the Oracle keeps every value token, the share where each method does
     too (the heads the answer reads the value from), by distance."""
@@ -99,15 +106,15 @@ def oracle_head_table(rows: list[dict[str, Any]], methods: list[str], distances:
         for (sample, _, b), oracle in by_key.items():
             if oracle["method"] != "oracle" or b != budget:
                 continue
-            heads = [i for i, s in enumerate(oracle["per_head"]) if s >= 1.0]
             distance = oracle["meta"]["distance"]
             for other in methods:
                 row = by_key.get((sample, other, budget))
                 if row is None:
                     continue
+                kept, heads = held_in_oracle_heads(oracle["per_head"], row["per_head"])
                 cell = hits[(other, distance)]
-                cell[0] += sum(row["per_head"][i] >= 1.0 for i in heads)
-                cell[1] += len(heads)
+                cell[0] += kept
+                cell[1] += heads
         if not hits:
             continue
         lines += [

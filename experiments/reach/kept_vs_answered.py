@@ -23,10 +23,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from analyze import _kept, _pct, read, solved_outcomes
+from analyze import _kept, _mid, _pct, held_in_oracle_heads, read, solved_outcomes
 from far_kinds import place
-
-from lkv.eval.stats import mean_interval
 
 
 def oracle_heads_held(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:
@@ -35,18 +33,14 @@ def oracle_heads_held(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], 
     per_head = {(r["sample"], r["method"], r["budget"]): r["per_head"] for r in rows}
     held = {}
     for (sample, method, budget), mine in per_head.items():
-        oracle = per_head.get((sample, "oracle", budget), [])
-        heads = [i for i, share in enumerate(oracle) if share >= 1.0]
+        kept, heads = held_in_oracle_heads(per_head.get((sample, "oracle", budget), []), mine)
         if heads:
-            held[(sample, method, budget)] = sum(mine[i] >= 1.0 for i in heads) / len(heads)
+            held[(sample, method, budget)] = kept / heads
     return held
 
 
 def _mean(values: list[float]) -> str:
-    if not values:
-        return "–"
-    low, high = mean_interval(values, binary=False)
-    return _pct(low, sum(values) / len(values), high)
+    return _pct(*_mid(values)) if values else "–"
 
 
 def tables(
