@@ -56,7 +56,8 @@ def tables(
     places = sorted({place(meta[k]) for k in solved} - {None})
     lines: list[str] = []
     for where in places:
-        keys = [k for k in solved if place(meta[k]) == where]
+        # a fixed order: the bootstrap draws by index, and a set's order changes from run to run
+        keys = sorted(k for k in solved if place(meta[k]) == where)
         lines += [
             f"## {where} (FullKV solves {len(keys)})",
             "",
