@@ -96,7 +96,8 @@ def evaluate(
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}``. A lookahead
             module takes only its pooling (kernel, pooling), ``probe_weight`` (> 0 fuses its scores with
-            ``probe``'s) and ``fusion`` (``mixture`` or ``union``; :func:`lkv.eviction.presses.fused.lookahead_press`).
+            ``probe``'s), ``fusion`` (``mixture`` or ``union``; :func:`lkv.eviction.presses.fused.lookahead_press`)
+            and ``sentences`` (the share of the budget kept as whole sentences around the best tokens).
             E.g. ``lookaheadkv:s0_probe: {probe_weight: 0.5, fusion: union}`` with ``adapters: {s0_probe: <the s0
             folder>}`` evaluates the fusion beside the module alone.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
@@ -224,13 +225,17 @@ def evaluate(
         module = LookaheadAdapter.load(
             resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
         )
-        presses[method] = lookahead_press(module, probe_press, **press_args.get(method, {}))
+        presses[method] = lookahead_press(
+            module, probe_press, **press_args.get(method, {}), tokenizer=tokenizer
+        )
     for method in methods:
         if method in presses:
             continue
         roles = roles_of(method)
         if roles.requires == "adapter":
-            presses[method] = lookahead_press(lookahead.adapter, probe_press, **press_args.get(method, {}))
+            presses[method] = lookahead_press(
+                lookahead.adapter, probe_press, **press_args.get(method, {}), tokenizer=tokenizer
+            )
         elif roles.requires == "probe":
             presses[method] = probe_press
         else:  # the upper bound (the only method left unbuilt)

@@ -29,6 +29,7 @@ def generate(
     probe: str | None = None,
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
+    sentences: float = 0.0,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -66,6 +67,8 @@ def generate(
             (> 0; :func:`lkv.eviction.presses.fused.lookahead_press`).
         fusion: how the module and the probe are fused: ``mixture`` (the default) or ``union``
             (:class:`~lkv.eviction.presses.FusedPress`); only with ``--probe_weight``.
+        sentences: with ``--method lookaheadkv``: the share of the budget kept as whole sentences around the
+            ranking's best tokens, in [0, 1] (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none).
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -106,14 +109,16 @@ def generate(
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
     try:
-        check_module_settings(probe_weight=probe_weight, fusion=fusion)
+        check_module_settings(probe_weight=probe_weight, fusion=fusion, sentences=sentences)
     except ValueError as error:
-        raise ValueError(f"--probe_weight, --fusion: {error}") from None
+        raise ValueError(f"--probe_weight, --fusion, --sentences: {error}") from None
     fused = probe_weight > 0
     if fused and requires != "adapter":
         raise ValueError(
             f"--probe_weight fuses --method {ADAPTER_METHOD} with a probe; got --method {method}"
         )
+    if sentences and requires != "adapter":
+        raise ValueError(f"--sentences is a setting of --method {ADAPTER_METHOD}; got --method {method}")
     if (probe is not None) != (requires == "probe" or fused):
         raise ValueError(
             f"--probe is required by --method {PROBE_METHOD} and by --probe_weight > 0, and used by nothing else"
@@ -121,9 +126,16 @@ def generate(
     if adapter is not None:
         folder = resolve_adapter(adapter, model)
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
-        if fused:
-            probe_press = ProbePress.from_folder(resolve_probe(probe, model), net)
-            press = lookahead_press(press.adapter, probe_press, probe_weight=probe_weight, fusion=fusion)
+        if fused or sentences:
+            probe_press = ProbePress.from_folder(resolve_probe(probe, model), net) if fused else None
+            press = lookahead_press(
+                press.adapter,
+                probe_press,
+                probe_weight=probe_weight,
+                fusion=fusion,
+                sentences=sentences,
+                tokenizer=tokenizer,
+            )
     elif probe is not None:
         folder = resolve_probe(probe, model)
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL

@@ -3,7 +3,8 @@
 Every eviction method goes through :func:`select_indices`, so methods differ only in their scores (and, for
 PyramidKV, in how the total budget is spread over layers). Ties are broken towards the earlier position,
 which makes the selection deterministic. The 1-D score pooling (:func:`pool_scores`) lives here too: the
-selector applies it to any method's scores, and SnapKV, LAQ and LookaheadKV pool their own with it.
+selector applies it to any method's scores, and SnapKV, LAQ and LookaheadKV pool their own with it; so do
+the rank rules that merge several rankings into one (:func:`union`).
 
 How a layer's budget is spread over its KV heads (``head_budget``):
 
@@ -61,6 +62,24 @@ def pool_scores(scores: torch.Tensor, kernel: int, mode: str = "max") -> torch.T
             flat, kernel, stride=1, padding=kernel // 2, count_include_pad=mode == "avg_zero_pad"
         )
     return pooled.reshape(shape)
+
+
+def descending_rank(scores: torch.Tensor) -> torch.Tensor:
+    """``(..., S)`` scores → float ranks of the same shape: 0 for each row's highest, ``S − 1`` for its lowest
+    (ties in position order)."""
+    return (-scores).argsort(dim=-1, stable=True).argsort(dim=-1).float()
+
+
+def union(scores: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Rankings of the same positions ``(..., S)`` each → ``max_i(−rank_i / w_i)``, same shape: its top ``C`` is
+    the union of each ranking's top tokens, ranking ``i`` contributing in proportion to ``w_i`` (the
+    ``union`` rule of :mod:`lkv.eviction.presses.fused`). A ranking of weight 0 contributes nothing (−inf everywhere, never above another's −rank/w)."""
+    return torch.stack(
+        [
+            -descending_rank(s) / w if w else torch.full_like(s, -torch.inf, dtype=torch.float32)
+            for w, s in zip(weights, scores, strict=True)
+        ]
+    ).amax(dim=0)
 
 
 HeadBudget = Literal["equal", "adaptive"]

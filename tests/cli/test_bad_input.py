@@ -188,6 +188,10 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         lambda root, mp: generate(root, "--probe_weight", "0.5"),
         [r"--probe_weight fuses --method lookaheadkv with a probe", r"got --method snapkv"],
     ),
+    "generate-sentences-without-lookaheadkv": (
+        lambda root, mp: generate(root, "--sentences", "0.5"),
+        [r"--sentences is a setting of --method lookaheadkv", r"got --method snapkv"],
+    ),
     "generate-fusion-without-probe-weight": (
         lambda root, mp: generate(
             root,

@@ -659,7 +659,8 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     with pytest.raises(ValueError, match="differs in: press_args"):
         lkv.commands.eval.evaluate(**one)
     for own, said in [
-        ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion"),
+        ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion, sentences"),
+        ({"sentences": 1.5}, "lookaheadkv: the sentence share must be in \\[0, 1\\]"),
         ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
         ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
         ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
@@ -686,6 +687,7 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     on the prefill the module alone and the probe share; its answers are those of a FusedPress built by hand."""
     import lkv.eviction.presses.lookaheadkv
     from lkv.eviction.presses import FusedPress, LookaheadKVPress
+    from lkv.eviction.presses.sentences import SentencePress, sentence_ends
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
     from tests.model.test_lookahead import perturb_lora
@@ -708,32 +710,35 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
         budgets=(8,),
         settings=("aware",),
         adapter=folder,
-        adapters={"fused": folder, "union": folder},
+        adapters={"fused": folder, "union": folder, "sentences": folder},
         probe=str(tmp_path / "probe"),
         press_args={
             "lookaheadkv:fused": {"probe_weight": 0.5},
             "lookaheadkv:union": {"probe_weight": 0.5, "fusion": "union"},
+            "lookaheadkv:sentences": {"probe_weight": 0.5, "fusion": "union", "sentences": 0.5},
         },
         output=str(tmp_path / "out"),
         progress=False,
     )
     rows = {r["method"]: r for r in read_rows(tmp_path / "out")}
-    assert (
-        set(rows) == {"lookaheadkv", "lookaheadkv:fused", "lookaheadkv:union", "probe"} and len(prefills) == 1
-    )
+    named = {"lookaheadkv:fused", "lookaheadkv:union", "lookaheadkv:sentences"}
+    assert set(rows) == {"lookaheadkv", "probe", *named} and len(prefills) == 1
     recorded = json.loads((tmp_path / "out" / "run.json").read_text())["press_args"]
     assert recorded["lookaheadkv:fused"] == {"kernel": DEFAULT_KERNEL, "probe_weight": 0.5}
     # the same answer from a fusion built by hand on a fresh model
     model, tokenizer = build_tiny_model("llama")
     lookahead = LookaheadKVPress.from_folder(folder, model, kernel=1)
-    fused = FusedPress(
-        [lookahead, ProbePress.from_folder(tmp_path / "probe", model)], [0.5, 0.5], DEFAULT_KERNEL
-    )
+    probe = ProbePress.from_folder(tmp_path / "probe", model)
+    fused = FusedPress([lookahead, probe], [0.5, 0.5], DEFAULT_KERNEL)
+    pooled = LookaheadKVPress(lookahead.adapter, DEFAULT_KERNEL)
+    union = FusedPress([pooled, probe], [0.5, 0.5], rule="union")
+    sentences = SentencePress(union, sentence_ends(tokenizer), 0.5)
     (sample,) = task.samples(tokenizer)
     context, question = encode_sample(sample, tokenizer)
-    compressor = Compressor(model, tokenizer, fused, budget=8)
-    answer = compressor.decode(compressor.compress(context + question), Sampling(task.max_new_tokens))
-    assert rows["lookaheadkv:fused"]["answer_ids"] == answer.token_ids
+    for method, press in [("lookaheadkv:fused", fused), ("lookaheadkv:sentences", sentences)]:
+        compressor = Compressor(model, tokenizer, press, budget=8)
+        answer = compressor.decode(compressor.compress(context + question), Sampling(task.max_new_tokens))
+        assert rows[method]["answer_ids"] == answer.token_ids, method
 
 
 def test_the_budget_column_formats_and_parses_back():

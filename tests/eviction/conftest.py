@@ -5,6 +5,7 @@ import torch
 from lkv.eviction.presses import FusedPress, Press
 from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.probe import ProbePress
+from lkv.eviction.presses.sentences import SentencePress
 from lkv.eviction.registry import make_method
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.model.probe import ImportanceProbe
@@ -31,6 +32,8 @@ SETTINGS = {
 POOLED = "lookaheadkv-pooled"
 # LookaheadKV fused with the probe, max-pooled (a setting of a lookahead module in `lkv eval`: probe_weight).
 FUSED = "lookaheadkv+probe"
+# The fusion by the union rule with half of the budget to whole sentences (`lkv eval`'s press_args: sentences).
+SENTENCES = "lookaheadkv+probe+sentences"
 
 
 PROMPT_LEN = 48
@@ -47,9 +50,20 @@ def build_press(name: str, model) -> Press:
     for param_name, param in adapter.trainable_parameters().items():
         if "lora_B" in param_name:
             param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
+    if name == SENTENCES:
+        union = FusedPress(
+            [LookaheadKVPress(adapter, kernel=5), build_press("probe", model)], [0.5, 0.5], rule="union"
+        )
+        return SentencePress(union, sentence_ends_every(model.config.vocab_size, 5), 0.5)
     if name == FUSED:
         return FusedPress([LookaheadKVPress(adapter, kernel=1), build_press("probe", model)], [0.5, 0.5], 5)
     return LookaheadKVPress(adapter, kernel=5 if name == POOLED else 1)
+
+
+def sentence_ends_every(vocab_size: int, period: int) -> torch.Tensor:
+    """``(vocab_size,)`` bool: every ``period``-th token id ends a sentence (random prompts get sentences of a
+    few tokens)."""
+    return torch.arange(vocab_size) % period == 0
 
 
 def prompt(model, length: int = PROMPT_LEN, seed: int = 0) -> torch.Tensor:

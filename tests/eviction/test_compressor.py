@@ -209,13 +209,26 @@ def test_generate_command_errors(patched_backbone, tmp_path):
     assert patched_backbone == []
 
 
-def test_generate_command_with_an_exported_adapter(patched_backbone, make_tiny_model, tmp_path, capsys):
+def test_generate_command_with_an_exported_adapter(
+    patched_backbone, make_tiny_model, tmp_path, capsys, monkeypatch
+):
+    from lkv.eviction.presses.sentences import SentencePress
     from lkv.model.lookahead import LookaheadAdapter
 
     donor, _ = make_tiny_model("llama")
     LookaheadAdapter.create(donor, num_tokens=4, lora_rank=2).save(tmp_path / "adapter")
     generate_command(prompt="Foxes. " * 20, method="lookaheadkv", adapter=str(tmp_path / "adapter"), budget=8)
     assert "lookaheadkv, budget 8," in capsys.readouterr().err
+    # --sentences wraps the module's press in a sentence share
+    presses, real = [], lkv.commands.generate.Compressor
+    monkeypatch.setattr(
+        lkv.commands.generate,
+        "Compressor",
+        lambda net, tok, press, *a, **k: presses.append(press) or real(net, tok, press, *a, **k),
+    )
+    adapter = str(tmp_path / "adapter")
+    generate_command(prompt="Foxes. " * 20, method="lookaheadkv", adapter=adapter, budget=8, sentences=0.5)
+    assert isinstance(presses[-1], SentencePress) and presses[-1].share == 0.5
 
 
 @pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "oracle"])

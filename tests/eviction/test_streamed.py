@@ -11,7 +11,7 @@ from lkv.eviction.registry import make_method
 from lkv.eviction.selector import Selection
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
-from tests.eviction.conftest import FUSED, PROMPT_LEN, SETTINGS, build_press, prompt
+from tests.eviction.conftest import FUSED, PROMPT_LEN, SENTENCES, SETTINGS, build_press, prompt
 
 STREAMED = [
     "snapkv",
@@ -26,8 +26,9 @@ STREAMED = [
     "probe",
     "lookaheadkv-pooled",
     FUSED,
+    SENTENCES,
 ]
-TRAINED = ("lookaheadkv", "probe", "lookaheadkv-pooled", FUSED)  # built from a module, not by name
+TRAINED = ("lookaheadkv", "probe", "lookaheadkv-pooled", FUSED, SENTENCES)  # built from a module, not by name
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 
@@ -74,7 +75,7 @@ def test_streamed_scores_and_cache_equal_two_phase(model_and_tokenizer, method):
         torch.testing.assert_close(got.next_logits, want.next_logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "lookaheadkv", "probe", FUSED])
+@pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "lookaheadkv", "probe", FUSED, SENTENCES])
 def test_streamed_generation_is_token_identical(tiny_model, method):
     model, tokenizer = tiny_model
     press = build_press(method, model)

@@ -20,12 +20,14 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, LookaheadKVPress
 from lkv.eviction.presses.probe import ProbePress
-from lkv.eviction.selector import check_pooling, pool_scores
+from lkv.eviction.presses.sentences import SentencePress, check_share, sentence_ends
+from lkv.eviction.selector import check_pooling, pool_scores, union
 from lkv.model.lookahead import LookaheadAdapter
 
 FusionRule = Literal["mixture", "union"]
@@ -42,12 +44,6 @@ def check_rule(rule: str) -> None:
 def as_distribution(scores: torch.Tensor) -> torch.Tensor:
     """``(..., S)`` non-negative scores → the same shape, each row summing to 1 (an all-zero row stays 0)."""
     return scores / scores.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
-
-
-def descending_rank(scores: torch.Tensor) -> torch.Tensor:
-    """``(..., S)`` scores → float ranks of the same shape: 0 for each row's highest, ``S − 1`` for its lowest
-    (ties in position order)."""
-    return (-scores).argsort(dim=-1, stable=True).argsort(dim=-1).float()
 
 
 class FusedPress(Press):
@@ -103,16 +99,10 @@ class FusedPress(Press):
         return ctx if index == self._captured else dataclasses.replace(ctx, capture=None)
 
     def _fuse(self, scores: Sequence[torch.Tensor]) -> torch.Tensor:
-        weighted = zip(self.weights, scores, strict=True)
         if self.rule == "mixture":
-            fused = sum(w * as_distribution(s.float()) for w, s in weighted)
-        else:  # a part of weight 0 contributes nothing (−inf everywhere, never above another part's −rank/w)
-            fused = torch.stack(
-                [
-                    -descending_rank(s) / w if w else torch.full_like(s, -torch.inf, dtype=torch.float32)
-                    for w, s in weighted
-                ]
-            ).amax(dim=0)
+            fused = sum(w * as_distribution(s.float()) for w, s in zip(self.weights, scores, strict=True))
+        else:
+            fused = union(scores, self.weights)
         return pool_scores(fused, self.kernel, self.pooling)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
@@ -132,16 +122,21 @@ class FusedPress(Press):
 # the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
 PROBE_WEIGHT = "probe_weight"
 # the settings a lookahead module's press takes beside the module (the keyword arguments of lookahead_press)
-MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion")
+MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion", "sentences")
 
 
 def check_module_settings(
-    kernel: int = DEFAULT_KERNEL, pooling: str = "max", probe_weight: float = 0.0, fusion: str | None = None
+    kernel: int = DEFAULT_KERNEL,
+    pooling: str = "max",
+    probe_weight: float = 0.0,
+    fusion: str | None = None,
+    sentences: float = 0.0,
 ) -> None:
     """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
     before an output folder records them). A ``fusion`` rule without a ``probe_weight`` would fuse nothing:
     refused rather than ignored."""
     check_pooling(kernel, pooling)
+    check_share(sentences)
     if not 0 <= probe_weight <= 1:
         raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
     if fusion is not None:
@@ -159,12 +154,31 @@ def lookahead_press(
     pooling: str = "max",
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
+    sentences: float = 0.0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Press:
     """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
     ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion`` (None: ``mixture``):
     ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's
-    pooled scores and the probe's as each ranks alone."""
-    check_module_settings(kernel, pooling, probe_weight, fusion)
+    pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the budget keeps
+    whole sentences around the ranking's best tokens (:class:`~lkv.eviction.presses.sentences.SentencePress`;
+    the sentence ends are read from ``tokenizer``)."""
+    check_module_settings(kernel, pooling, probe_weight, fusion, sentences)
+    if sentences and tokenizer is None:
+        raise ValueError("sentences > 0 finds sentence ends with the tokenizer: give the tokenizer")
+    press = _ranking(module, probe, kernel, pooling, probe_weight, fusion)
+    return SentencePress(press, sentence_ends(tokenizer), sentences) if sentences else press
+
+
+def _ranking(
+    module: LookaheadAdapter,
+    probe: ProbePress | None,
+    kernel: int,
+    pooling: str,
+    probe_weight: float,
+    fusion: FusionRule | None,
+) -> Press:
+    """:func:`lookahead_press` before any sentence share."""
     if not probe_weight:
         return LookaheadKVPress(module, kernel, pooling)
     if probe is None:

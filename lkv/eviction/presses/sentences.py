@@ -1,0 +1,101 @@
+"""Sentences: a share of the budget kept as whole sentences, so a kept value keeps the words that say what it is.
+
+On the far needles of experiments/reach (section 15) about half of what the fused LookaheadKV ranking loses at
+C = 256 keeps the value's tokens in the heads the answer reads, and the model still answers with a
+description of the value rather than the value: the tokens kept are the value's, not always the sentence
+that names it. :class:`SentencePress` lifts its inner press's ranking to sentences (a sentence ranks by its
+best token; inside a sentence, tokens keep their own order) and merges that with the token ranking by the
+union rule (:func:`~lkv.eviction.selector.union`): the top ``C`` holds the inner press's best tokens and the
+whole sentences around its best ones, ``share`` of ``C`` the sentences'. A sentence ends at a token whose text
+holds ``.``, ``!``, ``?`` or a line break (:data:`SENTENCE_ENDS`), so in code a line is a sentence.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from lkv.core.attention import AttentionCapture
+from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
+from lkv.eviction.selector import descending_rank, union
+
+SENTENCE_ENDS = (".", "!", "?", "\n", "。", "！", "？")
+"""Characters that end a sentence when a token's text holds one."""
+
+
+def sentence_ends(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
+    """``(len(tokenizer),)`` bool: whether each token's text holds one of :data:`SENTENCE_ENDS`."""
+    texts = tokenizer.batch_decode([[token] for token in range(len(tokenizer))])
+    return torch.tensor([any(end in text for end in SENTENCE_ENDS) for text in texts])
+
+
+def sentence_index(prompt_ids: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``(1, S)`` prompt tokens → ``(S,)`` int64: each position's sentence, counted from 0 (a token that ends a
+    sentence belongs to it)."""
+    if int(prompt_ids.max()) >= len(ends):
+        raise ValueError(
+            f"prompt token id {int(prompt_ids.max())} is outside the {len(ends)}-token vocabulary the sentence "
+            "ends were read from: build them from the tokenizer that made the prompt"
+        )
+    closes = ends.to(prompt_ids.device)[prompt_ids[0]].long()
+    return closes.cumsum(0) - closes
+
+
+def sentence_rank(scores: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
+    """``(..., S)`` scores and ``(S,)`` sentence indices → ``(..., S)`` float ranks (0 = first kept): sentences
+    in the order of their best-ranked token, and inside a sentence its tokens by their own rank."""
+    rank = descending_rank(scores).long()
+    length = scores.shape[-1]
+    index = sentence.expand_as(rank)
+    best = torch.full_like(rank, length).scatter_reduce(-1, index, rank, "amin", include_self=True)
+    key = best.gather(-1, index) * length + rank  # unique: rank is a permutation of 0..S−1 per row
+    return key.argsort(dim=-1).argsort(dim=-1).float()
+
+
+class SentencePress(Press):
+    """Scores ``(1, layers, kv_heads, S)``: ``union([inner, −sentence_rank(inner)], [1 − share, share])``
+    (module docstring).
+
+    Args:
+        inner: the press whose ranking is lifted to sentences.
+        ends: ``(vocab,)`` bool, the tokens that end a sentence (:func:`sentence_ends`).
+        share: the share of the budget ranked by whole sentences, in ``(0, 1]`` (1: sentences only).
+    """
+
+    def __init__(self, inner: Press, ends: torch.Tensor, share: float) -> None:
+        check_share(share)
+        if share == 0:
+            raise ValueError("a sentence share of 0 keeps no sentence: use the inner press alone")
+        self.inner = inner
+        self.ends = ends
+        self.share = float(share)
+        self.name = inner.name
+        self.streamable = inner.streamable
+
+    def _lift(self, scores: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:
+        sentences = -sentence_rank(scores, sentence_index(prompt_ids, self.ends))
+        return union([scores, sentences], [1 - self.share, self.share])
+
+    def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
+        return self.inner.prefill_capture(prompt_len)
+
+    def score(self, ctx: PressContext) -> torch.Tensor:
+        return self._lift(self.inner.score(ctx), ctx.prompt_ids)
+
+    def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
+        if not self.streamable:
+            return super().layer_scorer(ctx)
+        scorer = self.inner.layer_scorer(ctx)
+        return lambda layer: self._lift(scorer(layer), ctx.prompt_ids)
+
+    def protected(self, prompt_len: int) -> tuple[int, int]:
+        return self.inner.protected(prompt_len)
+
+    def layer_budgets(self, budget: int, prompt_len: int, num_layers: int) -> list[int]:
+        return self.inner.layer_budgets(budget, prompt_len, num_layers)
+
+
+def check_share(share: float) -> None:
+    """Raise a clear error unless ``0 ≤ share ≤ 1`` (0: no sentences)."""
+    if not 0 <= share <= 1:
+        raise ValueError(f"the sentence share must be in [0, 1] (a share of the budget), got {share}")
