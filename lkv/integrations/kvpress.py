@@ -25,6 +25,9 @@ Fused with a trained per-token probe (an ``lkv export`` probe folder for the sam
 --probe P --probe_weight 0.5 --fusion union`` (:func:`lkv.eviction.presses.fused.lookahead_press`)::
 
     press = lookahead_press("runs/adapter", model, 0.75, probe="runs/probe", probe_weight=0.5, fusion="union")
+
+With half of the budget kept as whole sentences around the ranking's best tokens (``lkv generate --sentences
+0.5``), pass the tokenizer the sentence ends are read from: ``..., sentences=0.5, tokenizer=tokenizer)``.
 """
 
 from __future__ import annotations
@@ -38,12 +41,17 @@ import torch
 from kvpress import BasePress
 from kvpress.utils import compute_n_kept
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import install_capture
 from lkv.core.cache import gather_layer
 from lkv.eviction.presses import Press, ProbePress
-from lkv.eviction.presses.fused import PROBE_WEIGHT, FusionRule, check_module_settings
+from lkv.eviction.presses.fused import (
+    PROBE_WEIGHT,
+    FusionRule,
+    check_module_settings,
+    check_sentence_tokenizer,
+)
 from lkv.eviction.presses.fused import lookahead_press as module_press
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection, adaptive_width
 from lkv.eviction.streamed import LayerEvictor
@@ -168,6 +176,8 @@ def lookahead_press(
     probe: str | Path | None = None,
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
+    sentences: float = 0.0,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     **options,
 ) -> LkvPress:
     """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``, alone or fused
@@ -186,12 +196,16 @@ def lookahead_press(
         probe_weight: the probe's weight in ``(0, 1]`` in the fused ranking (0: the module alone; needs ``probe``).
         fusion: ``mixture`` (None: the default) or ``union`` (:class:`~lkv.eviction.presses.FusedPress`); only
             with ``probe_weight``.
+        sentences: the share of the budget kept as whole sentences around the ranking's best tokens, in [0, 1]
+            (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none); needs ``tokenizer``.
+        tokenizer: the model's tokenizer (for ``sentences``).
 
     Raises:
         ValueError: for settings lkv's press refuses, or a probe without a weight or a weight without a probe
             (before anything is loaded).
     """
-    check_module_settings(probe_weight=probe_weight, fusion=fusion)
+    check_module_settings(probe_weight=probe_weight, fusion=fusion, sentences=sentences)
+    check_sentence_tokenizer(sentences, tokenizer)
     if (probe is None) != (not probe_weight):
         raise ValueError(
             f"a probe and {PROBE_WEIGHT} > 0 go together (the probe's weight in the fused ranking); got "
@@ -200,5 +214,12 @@ def lookahead_press(
     install_capture(model)
     module = LookaheadAdapter.load(adapter, model)
     probe_press = None if probe is None else ProbePress.from_folder(probe, model)
-    press = module_press(module, probe_press, probe_weight=probe_weight, fusion=fusion)
+    press = module_press(
+        module,
+        probe_press,
+        probe_weight=probe_weight,
+        fusion=fusion,
+        sentences=sentences,
+        tokenizer=tokenizer,
+    )
     return LkvPress(press, compression_ratio, **options)

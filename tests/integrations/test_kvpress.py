@@ -214,7 +214,7 @@ def same_cache(a: DynamicCache, b: DynamicCache) -> bool:
 
 @pytest.mark.parametrize("fusion", RULES)
 def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_path, fusion):
-    model, _ = build_tiny_model("llama")
+    model, tokenizer = build_tiny_model("llama")
     module, probe = build_press("lookaheadkv", model).adapter, build_press("probe", model)
     module.save(tmp_path / "adapter")
     probe.probe.save(tmp_path / "probe")
@@ -223,23 +223,34 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
     def lkv(**settings) -> DynamicCache:
         return kvpress_prefill(model, LkvPress(module_press(module, **settings), compression_ratio=0.5), ids)
 
-    want = lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion)
     fresh, _ = build_tiny_model("llama")
-    press = lookahead_press(
-        tmp_path / "adapter",
-        fresh,
-        compression_ratio=0.5,
-        probe=tmp_path / "probe",
-        probe_weight=FUSED_WEIGHT,
-        fusion=fusion,
-    )
-    got = kvpress_prefill(fresh, press, ids)
-    for a, b in zip(got.layers, want.layers, strict=True):
-        torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-6)
+
+    def matches_lkv(ids: torch.Tensor, **settings) -> DynamicCache:
+        """The exported folders in kvpress's pipeline keep what lkv's own fused press keeps; returns that cache."""
+        want = lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion, **settings)
+        press = lookahead_press(
+            tmp_path / "adapter",
+            fresh,
+            0.5,
+            probe=tmp_path / "probe",
+            probe_weight=FUSED_WEIGHT,
+            fusion=fusion,
+            **settings,
+        )
+        got = kvpress_prefill(fresh, press, ids)
+        for a, b in zip(got.layers, want.layers, strict=True):
+            torch.testing.assert_close(a.keys, b.keys, rtol=0, atol=1e-6)
+        return want
+
+    want = matches_lkv(ids)
     # the probe and the rule change what is kept on this prompt: a press that ignored either would differ
     other = next(rule for rule in RULES if rule != fusion)
     assert not same_cache(want, lkv())
     assert not same_cache(want, lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=other))
+    # half of the budget to whole sentences, read from the tokenizer given (on ids the tokenizer has)
+    ids = ids % len(tokenizer)
+    want = matches_lkv(ids, sentences=0.5, tokenizer=tokenizer)
+    assert not same_cache(want, lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion))
 
 
 def test_lookahead_press_refuses_bad_fusion_settings_before_loading(tmp_path, tiny_llama):
@@ -255,3 +266,5 @@ def test_lookahead_press_refuses_bad_fusion_settings_before_loading(tmp_path, ti
         lookahead_press(missing, model, 0.5, probe=missing, probe_weight=0.5, fusion="max")
     with pytest.raises(ValueError, match=r"probe_weight must be in \[0, 1\]"):
         lookahead_press(missing, model, 0.5, probe=missing, probe_weight=1.5)
+    with pytest.raises(ValueError, match="give the tokenizer"):
+        lookahead_press(missing, model, 0.5, sentences=0.5)

@@ -147,6 +147,12 @@ def check_module_settings(
             )
 
 
+def check_sentence_tokenizer(sentences: float, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """Raise a clear error if a sentence share is asked for without the tokenizer its sentence ends come from."""
+    if sentences and tokenizer is None:
+        raise ValueError("sentences > 0 finds sentence ends with the tokenizer: give the tokenizer")
+
+
 def lookahead_press(
     module: LookaheadAdapter,
     probe: ProbePress | None = None,
@@ -164,8 +170,7 @@ def lookahead_press(
     whole sentences around the ranking's best tokens (:class:`~lkv.eviction.presses.sentences.SentencePress`;
     the sentence ends are read from ``tokenizer``)."""
     check_module_settings(kernel, pooling, probe_weight, fusion, sentences)
-    if sentences and tokenizer is None:
-        raise ValueError("sentences > 0 finds sentence ends with the tokenizer: give the tokenizer")
+    check_sentence_tokenizer(sentences, tokenizer)
     press = _ranking(module, probe, kernel, pooling, probe_weight, fusion)
     return SentencePress(press, sentence_ends(tokenizer), sentences) if sentences else press
 
