@@ -72,8 +72,9 @@ def descending_rank(scores: torch.Tensor) -> torch.Tensor:
 
 def union(scores: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
     """Rankings of the same positions ``(..., S)`` each → ``max_i(−rank_i / w_i)``, same shape: its top ``C`` is
-    the union of each ranking's top tokens, ranking ``i`` contributing in proportion to ``w_i`` (the
-    ``union`` rule of :mod:`lkv.eviction.presses.fused`). A ranking of weight 0 contributes nothing (−inf everywhere, never above another's −rank/w)."""
+    the union of each ranking's top tokens, ranking ``i`` contributing in proportion to ``w_i`` (the ``union``
+    rule of :mod:`lkv.eviction.presses.fused`). A ranking of weight 0 contributes nothing (−inf everywhere,
+    never above another's −rank/w)."""
     return torch.stack(
         [
             -descending_rank(s) / w if w else torch.full_like(s, -torch.inf, dtype=torch.float32)

@@ -72,21 +72,22 @@ class SentencePress(Press):
         self.name = inner.name
         self.streamable = inner.streamable
 
-    def _lift(self, scores: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:
-        sentences = -sentence_rank(scores, sentence_index(prompt_ids, self.ends))
-        return union([scores, sentences], [1 - self.share, self.share])
+    def _lift(self, scores: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
+        """``(..., S)`` inner scores and ``(S,)`` sentence indices → the merged scores, same shape."""
+        return union([scores, -sentence_rank(scores, sentence)], [1 - self.share, self.share])
 
     def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         return self.inner.prefill_capture(prompt_len)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        return self._lift(self.inner.score(ctx), ctx.prompt_ids)
+        return self._lift(self.inner.score(ctx), sentence_index(ctx.prompt_ids, self.ends))
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
         if not self.streamable:
             return super().layer_scorer(ctx)
         scorer = self.inner.layer_scorer(ctx)
-        return lambda layer: self._lift(scorer(layer), ctx.prompt_ids)
+        sentence = sentence_index(ctx.prompt_ids, self.ends)  # once per prompt, not per layer
+        return lambda layer: self._lift(scorer(layer), sentence)
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return self.inner.protected(prompt_len)
