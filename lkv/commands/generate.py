@@ -30,6 +30,7 @@ def generate(
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
+    sentences_beyond: int = 0,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -69,6 +70,8 @@ def generate(
             (:class:`~lkv.eviction.presses.FusedPress`); only with ``--probe_weight``.
         sentences: with ``--method lookaheadkv``: the share of the budget kept as whole sentences around the
             ranking's best tokens, in [0, 1] (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none).
+        sentences_beyond: with ``--sentences``: the tokens at the end of the prompt kept as single tokens, not
+            sentences (0: sentences everywhere).
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -109,9 +112,11 @@ def generate(
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
     try:
-        check_module_settings(probe_weight=probe_weight, fusion=fusion, sentences=sentences)
+        check_module_settings(
+            probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
+        )
     except ValueError as error:
-        raise ValueError(f"--probe_weight, --fusion, --sentences: {error}") from None
+        raise ValueError(f"--probe_weight, --fusion, --sentences, --sentences_beyond: {error}") from None
     fused = probe_weight > 0
     if fused and requires != "adapter":
         raise ValueError(
@@ -134,6 +139,7 @@ def generate(
                 probe_weight=probe_weight,
                 fusion=fusion,
                 sentences=sentences,
+                sentences_beyond=sentences_beyond,
                 tokenizer=tokenizer,
             )
     elif probe is not None:

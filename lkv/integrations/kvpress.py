@@ -177,6 +177,7 @@ def lookahead_press(
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
+    sentences_beyond: int = 0,
     tokenizer: PreTrainedTokenizerBase | None = None,
     **options,
 ) -> LkvPress:
@@ -198,13 +199,16 @@ def lookahead_press(
             with ``probe_weight``.
         sentences: the share of the budget kept as whole sentences around the ranking's best tokens, in [0, 1]
             (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none); needs ``tokenizer``.
+        sentences_beyond: the tokens at the end of the prompt kept as single tokens (0: sentences everywhere).
         tokenizer: the model's tokenizer (for ``sentences``).
 
     Raises:
         ValueError: for settings lkv's press refuses, or a probe without a weight or a weight without a probe
             (before anything is loaded).
     """
-    check_module_settings(probe_weight=probe_weight, fusion=fusion, sentences=sentences)
+    check_module_settings(
+        probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
+    )
     check_sentence_tokenizer(sentences, tokenizer)
     if (probe is None) != (not probe_weight):
         raise ValueError(
@@ -220,6 +224,7 @@ def lookahead_press(
         probe_weight=probe_weight,
         fusion=fusion,
         sentences=sentences,
+        sentences_beyond=sentences_beyond,
         tokenizer=tokenizer,
     )
     return LkvPress(press, compression_ratio, **options)

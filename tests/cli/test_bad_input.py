@@ -192,6 +192,10 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         lambda root, mp: generate(root, "--sentences", "0.5"),
         [r"--sentences is a setting of --method lookaheadkv", r"got --method snapkv"],
     ),
+    "generate-sentences-beyond-without-sentences": (
+        lambda root, mp: generate(root, "--sentences_beyond", "1024"),
+        [r"--sentences_beyond", r"sentences_beyond 1024 spares the prompt's end", r"give sentences > 0"],
+    ),
     "generate-fusion-without-probe-weight": (
         lambda root, mp: generate(
             root,

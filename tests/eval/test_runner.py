@@ -661,6 +661,10 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     for own, said in [
         ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion, sentences"),
         ({"sentences": 1.5}, "lookaheadkv: the sentence share must be in \\[0, 1\\]"),
+        (
+            {"sentences_beyond": 512},
+            "lookaheadkv: sentences_beyond 512 spares the prompt's end .*sentences > 0",
+        ),
         ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
         ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
         ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
@@ -704,6 +708,7 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     task = tiny_needle_task(tiny_corpus)
     folder = str(tmp_path / "adapter")
+    beyond = 16  # the prompt's last 16 tokens stand alone, its earlier sentences stay whole
     lkv.commands.eval.evaluate(
         [task],
         methods=("lookaheadkv", "probe"),
@@ -715,7 +720,12 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
         press_args={
             "lookaheadkv:fused": {"probe_weight": 0.5},
             "lookaheadkv:union": {"probe_weight": 0.5, "fusion": "union"},
-            "lookaheadkv:sentences": {"probe_weight": 0.5, "fusion": "union", "sentences": 0.5},
+            "lookaheadkv:sentences": {
+                "probe_weight": 0.5,
+                "fusion": "union",
+                "sentences": 0.5,
+                "sentences_beyond": beyond,
+            },
         },
         output=str(tmp_path / "out"),
         progress=False,
@@ -732,7 +742,7 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     fused = FusedPress([lookahead, probe], [0.5, 0.5], DEFAULT_KERNEL)
     pooled = LookaheadKVPress(lookahead.adapter, DEFAULT_KERNEL)
     union = FusedPress([pooled, probe], [0.5, 0.5], rule="union")
-    sentences = SentencePress(union, sentence_ends(tokenizer), 0.5)
+    sentences = SentencePress(union, sentence_ends(tokenizer), 0.5, beyond)
     (sample,) = task.samples(tokenizer)
     context, question = encode_sample(sample, tokenizer)
     for method, press in [("lookaheadkv:fused", fused), ("lookaheadkv:sentences", sentences)]:

@@ -32,11 +32,13 @@ SETTINGS = {
 POOLED = "lookaheadkv-pooled"
 # LookaheadKV fused with the probe, max-pooled (a setting of a lookahead module in `lkv eval`: probe_weight).
 FUSED = "lookaheadkv+probe"
-# The fusion by the union rule with half of the budget to whole sentences (`lkv eval`'s press_args: sentences).
+# The fusion by the union rule with half of the budget to whole sentences, except in the prompt's last
+# SENTENCES_BEYOND tokens (`lkv eval`'s press_args: sentences, sentences_beyond).
 SENTENCES = "lookaheadkv+probe+sentences"
 
 
 PROMPT_LEN = 48
+SENTENCES_BEYOND = PROMPT_LEN // 3
 
 
 def build_press(name: str, model) -> Press:
@@ -54,7 +56,7 @@ def build_press(name: str, model) -> Press:
         union = FusedPress(
             [LookaheadKVPress(adapter, kernel=5), build_press("probe", model)], [0.5, 0.5], rule="union"
         )
-        return SentencePress(union, sentence_ends_every(model.config.vocab_size, 5), 0.5)
+        return SentencePress(union, sentence_ends_every(model.config.vocab_size, 5), 0.5, SENTENCES_BEYOND)
     if name == FUSED:
         return FusedPress([LookaheadKVPress(adapter, kernel=1), build_press("probe", model)], [0.5, 0.5], 5)
     return LookaheadKVPress(adapter, kernel=5 if name == POOLED else 1)

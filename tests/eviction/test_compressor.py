@@ -227,8 +227,15 @@ def test_generate_command_with_an_exported_adapter(
         lambda net, tok, press, *a, **k: presses.append(press) or real(net, tok, press, *a, **k),
     )
     adapter = str(tmp_path / "adapter")
-    generate_command(prompt="Foxes. " * 20, method="lookaheadkv", adapter=adapter, budget=8, sentences=0.5)
-    assert isinstance(presses[-1], SentencePress) and presses[-1].share == 0.5
+    generate_command(
+        prompt="Foxes. " * 20,
+        method="lookaheadkv",
+        adapter=adapter,
+        budget=8,
+        sentences=0.5,
+        sentences_beyond=6,
+    )
+    assert isinstance(presses[-1], SentencePress) and (presses[-1].share, presses[-1].beyond) == (0.5, 6)
 
 
 @pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "oracle"])

@@ -27,6 +27,28 @@ def test_sentence_ends_are_the_tokens_with_a_full_stop_or_a_line_break(tiny_llam
         sentence_index(torch.tensor([[len(ends)]]), ends)
 
 
+def test_the_last_tokens_beyond_stand_alone_and_the_sentences_before_them_stay(tiny_llama):
+    _, tokenizer = tiny_llama
+    ids = tokenizer(
+        "One fact. Two facts here. Three facts at the end, not split.", return_tensors="pt"
+    ).input_ids
+    ends = sentence_ends(tokenizer)
+    whole = sentence_index(ids, ends)
+    length = ids.shape[1]
+    for beyond in (1, 4, length - 1):
+        index = sentence_index(ids, ends, beyond)
+        far = length - beyond
+        assert (
+            index[:far].tolist() == whole[:far].tolist()
+        )  # sentences before the last `beyond` tokens unchanged
+        assert (index[far:].diff() == 1).all() and index[far] > index[
+            far - 1
+        ]  # each of the last a sentence alone
+    # sparing at least the whole prompt: every token alone, so the sentence ranking is the token ranking
+    assert sentence_index(ids, ends, length).tolist() == list(range(length))
+    assert sentence_index(ids, ends, 10 * length).tolist() == list(range(length))
+
+
 def _reference_rank(scores: list[float], sentence: list[int]) -> list[int]:
     """Slow reference: positions sorted by (best own rank in their sentence, own rank) → rank of each."""
     own = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
@@ -71,21 +93,33 @@ def test_all_budget_to_sentences_keeps_whole_sentences_from_the_best_tokens_one(
         assert len(partial) <= 1, "more than one sentence kept in part"
 
 
-def test_a_share_keeps_the_union_of_the_token_and_the_sentence_rankings(tiny_llama):
+@pytest.mark.parametrize("beyond", [0, PROMPT_LEN // 2])
+def test_a_share_keeps_the_union_of_the_token_and_the_sentence_rankings(tiny_llama, beyond):
     """Half each: the kept set holds both rankings' top-k for the largest k that fits in C (as the fusion's
-    union rule); the kept set differs from the inner press's own."""
+    union rule); the kept set differs from the inner press's own, with or without the prompt's end spared."""
     model, tokenizer = tiny_llama
     inner = build_press("probe", model)
     ids = prompt(model)
     ends = sentence_ends_every(model.config.vocab_size, 5)
     rows = _rows(inner, model, tokenizer, ids)
-    lifted = sentence_rank(rows, sentence_index(ids, ends))
-    got = _kept(SentencePress(inner, ends, 0.5), model, tokenizer, ids)
+    lifted = sentence_rank(rows, sentence_index(ids, ends, beyond))
+    got = _kept(SentencePress(inner, ends, 0.5, beyond), model, tokenizer, ids)
     for row, kept in enumerate(got):
         tops = [rows[row].argsort(descending=True, stable=True).tolist(), lifted[row].argsort().tolist()]
         k = max(k for k in range(PROMPT_LEN) if len(set(tops[0][:k]) | set(tops[1][:k])) <= BUDGET)
         assert set(tops[0][:k]) | set(tops[1][:k]) <= kept <= set(tops[0][: k + 1]) | set(tops[1][: k + 1])
     assert got != _kept(inner, model, tokenizer, ids)
+
+
+def test_a_prompt_no_longer_than_beyond_is_kept_as_the_inner_press_keeps_it(tiny_llama):
+    model, tokenizer = tiny_llama
+    inner = build_press("probe", model)
+    ids = prompt(model)
+    ends = sentence_ends_every(model.config.vocab_size, 5)
+    alone = _kept(inner, model, tokenizer, ids)
+    assert _kept(SentencePress(inner, ends, 0.5, PROMPT_LEN), model, tokenizer, ids) == alone
+    # sparing half of the prompt: the first half keeps its sentences, and they change what is kept
+    assert _kept(SentencePress(inner, ends, 0.5, PROMPT_LEN // 2), model, tokenizer, ids) != alone
 
 
 def test_sentence_settings_are_checked(tiny_llama):
@@ -95,9 +129,15 @@ def test_sentence_settings_are_checked(tiny_llama):
         SentencePress(press, sentence_ends(tokenizer), 1.5)
     with pytest.raises(ValueError, match="a sentence share of 0 keeps no sentence"):
         SentencePress(press, sentence_ends(tokenizer), 0.0)
+    for beyond in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="sentences_beyond must be a whole number of tokens"):
+            SentencePress(press, sentence_ends(tokenizer), 0.5, beyond)
+    with pytest.raises(ValueError, match="sentences_beyond 512 spares the prompt's end .*give sentences > 0"):
+        lookahead_press(press.adapter, sentences_beyond=512, tokenizer=tokenizer)
     with pytest.raises(ValueError, match="give the tokenizer"):
         lookahead_press(press.adapter, sentences=0.5)
-    wrapped = lookahead_press(press.adapter, sentences=0.5, tokenizer=tokenizer)
+    wrapped = lookahead_press(press.adapter, sentences=0.5, sentences_beyond=512, tokenizer=tokenizer)
     assert isinstance(wrapped, SentencePress) and isinstance(wrapped.inner, LookaheadKVPress)
+    assert wrapped.beyond == 512
     assert wrapped.streamable and wrapped.protected(PROMPT_LEN) == (0, 0)
     assert isinstance(lookahead_press(press.adapter, tokenizer=tokenizer), LookaheadKVPress)

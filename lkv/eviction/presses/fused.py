@@ -122,7 +122,7 @@ class FusedPress(Press):
 # the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
 PROBE_WEIGHT = "probe_weight"
 # the settings a lookahead module's press takes beside the module (the keyword arguments of lookahead_press)
-MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion", "sentences")
+MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion", "sentences", "sentences_beyond")
 
 
 def check_module_settings(
@@ -131,12 +131,13 @@ def check_module_settings(
     probe_weight: float = 0.0,
     fusion: str | None = None,
     sentences: float = 0.0,
+    sentences_beyond: int = 0,
 ) -> None:
     """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
     before an output folder records them). A ``fusion`` rule without a ``probe_weight`` would fuse nothing:
     refused rather than ignored."""
     check_pooling(kernel, pooling)
-    check_share(sentences)
+    check_share(sentences, sentences_beyond)
     if not 0 <= probe_weight <= 1:
         raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
     if fusion is not None:
@@ -161,6 +162,7 @@ def lookahead_press(
     probe_weight: float = 0.0,
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
+    sentences_beyond: int = 0,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Press:
     """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
@@ -168,11 +170,13 @@ def lookahead_press(
     ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's
     pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the budget keeps
     whole sentences around the ranking's best tokens (:class:`~lkv.eviction.presses.sentences.SentencePress`;
-    the sentence ends are read from ``tokenizer``)."""
-    check_module_settings(kernel, pooling, probe_weight, fusion, sentences)
+    the sentence ends are read from ``tokenizer``), except in the last ``sentences_beyond`` tokens."""
+    check_module_settings(kernel, pooling, probe_weight, fusion, sentences, sentences_beyond)
     check_sentence_tokenizer(sentences, tokenizer)
     press = _ranking(module, probe, kernel, pooling, probe_weight, fusion)
-    return SentencePress(press, sentence_ends(tokenizer), sentences) if sentences else press
+    if not sentences:
+        return press
+    return SentencePress(press, sentence_ends(tokenizer), sentences, sentences_beyond)
 
 
 def _ranking(

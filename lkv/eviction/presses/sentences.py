@@ -8,6 +8,11 @@ best token; inside a sentence, tokens keep their own order) and merges that with
 union rule (:func:`~lkv.eviction.selector.union`): the top ``C`` holds the inner press's best tokens and the
 whole sentences around its best ones, ``share`` of ``C`` the sentences'. A sentence ends at a token whose text
 holds ``.``, ``!``, ``?`` or a line break (:data:`SENTENCE_ENDS`), so in code a line is a sentence.
+
+With ``beyond`` > 0 only positions more than ``beyond`` tokens before the end of the prompt form sentences; the
+last ``beyond`` tokens each stand alone, so there the sentence ranking is the token ranking. Sentences lend reach
+to far tokens (section 16 of experiments/reach: far needles gain, 1K needles lose at C = 256); a prompt no longer
+than ``beyond`` is kept exactly as the inner press keeps it.
 """
 
 from __future__ import annotations
@@ -29,15 +34,17 @@ def sentence_ends(tokenizer: PreTrainedTokenizerBase) -> torch.Tensor:
     return torch.tensor([any(end in text for end in SENTENCE_ENDS) for text in texts])
 
 
-def sentence_index(prompt_ids: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+def sentence_index(prompt_ids: torch.Tensor, ends: torch.Tensor, beyond: int = 0) -> torch.Tensor:
     """``(1, S)`` prompt tokens → ``(S,)`` int64: each position's sentence, counted from 0 (a token that ends a
-    sentence belongs to it)."""
+    sentence belongs to it); each of the last ``beyond`` positions is a sentence of its own."""
     if int(prompt_ids.max()) >= len(ends):
         raise ValueError(
             f"prompt token id {int(prompt_ids.max())} is outside the {len(ends)}-token vocabulary the sentence "
             "ends were read from: build them from the tokenizer that made the prompt"
         )
     closes = ends.to(prompt_ids.device)[prompt_ids[0]].long()
+    if beyond > 0:  # the token before the last `beyond` closes its sentence, and each of those closes its own
+        closes[max(0, closes.shape[0] - beyond - 1) :] = 1
     return closes.cumsum(0) - closes
 
 
@@ -60,15 +67,17 @@ class SentencePress(Press):
         inner: the press whose ranking is lifted to sentences.
         ends: ``(vocab,)`` bool, the tokens that end a sentence (:func:`sentence_ends`).
         share: the share of the budget ranked by whole sentences, in ``(0, 1]`` (1: sentences only).
+        beyond: tokens at the end of the prompt that stay single tokens (0: sentences everywhere).
     """
 
-    def __init__(self, inner: Press, ends: torch.Tensor, share: float) -> None:
-        check_share(share)
+    def __init__(self, inner: Press, ends: torch.Tensor, share: float, beyond: int = 0) -> None:
+        check_share(share, beyond)
         if share == 0:
             raise ValueError("a sentence share of 0 keeps no sentence: use the inner press alone")
         self.inner = inner
         self.ends = ends
         self.share = float(share)
+        self.beyond = beyond
         self.name = inner.name
         self.streamable = inner.streamable
 
@@ -80,13 +89,13 @@ class SentencePress(Press):
         return self.inner.prefill_capture(prompt_len)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        return self._lift(self.inner.score(ctx), sentence_index(ctx.prompt_ids, self.ends))
+        return self._lift(self.inner.score(ctx), sentence_index(ctx.prompt_ids, self.ends, self.beyond))
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
         if not self.streamable:
             return super().layer_scorer(ctx)
         scorer = self.inner.layer_scorer(ctx)
-        sentence = sentence_index(ctx.prompt_ids, self.ends)  # once per prompt, not per layer
+        sentence = sentence_index(ctx.prompt_ids, self.ends, self.beyond)  # once per prompt, not per layer
         return lambda layer: self._lift(scorer(layer), sentence)
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
@@ -96,7 +105,14 @@ class SentencePress(Press):
         return self.inner.layer_budgets(budget, prompt_len, num_layers)
 
 
-def check_share(share: float) -> None:
-    """Raise a clear error unless ``0 ≤ share ≤ 1`` (0: no sentences)."""
+def check_share(share: float, beyond: int = 0) -> None:
+    """Raise a clear error unless ``0 ≤ share ≤ 1`` (0: no sentences) and ``beyond`` is a count of tokens ≥ 0,
+    given only with a share (without one it would change nothing)."""
     if not 0 <= share <= 1:
         raise ValueError(f"the sentence share must be in [0, 1] (a share of the budget), got {share}")
+    if isinstance(beyond, bool) or not isinstance(beyond, int) or beyond < 0:
+        raise ValueError(f"sentences_beyond must be a whole number of tokens ≥ 0, got {beyond!r}")
+    if beyond and not share:
+        raise ValueError(
+            f"sentences_beyond {beyond} spares the prompt's end from sentences: give sentences > 0"
+        )
