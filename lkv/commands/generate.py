@@ -111,10 +111,12 @@ def generate(
     requires = roles_of(method).requires
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
+    # the module's settings, checked here before any model loads and given to its press below
+    settings = dict(
+        probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
+    )
     try:
-        check_module_settings(
-            probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
-        )
+        check_module_settings(**settings)
     except ValueError as error:
         raise ValueError(f"--probe_weight, --fusion, --sentences, --sentences_beyond: {error}") from None
     fused = probe_weight > 0
@@ -133,15 +135,7 @@ def generate(
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
         if fused or sentences:
             probe_press = ProbePress.from_folder(resolve_probe(probe, model), net) if fused else None
-            press = lookahead_press(
-                press.adapter,
-                probe_press,
-                probe_weight=probe_weight,
-                fusion=fusion,
-                sentences=sentences,
-                sentences_beyond=sentences_beyond,
-                tokenizer=tokenizer,
-            )
+            press = lookahead_press(press.adapter, probe_press, **settings, tokenizer=tokenizer)
     elif probe is not None:
         folder = resolve_probe(probe, model)
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL

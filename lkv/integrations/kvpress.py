@@ -206,9 +206,11 @@ def lookahead_press(
         ValueError: for settings lkv's press refuses, or a probe without a weight or a weight without a probe
             (before anything is loaded).
     """
-    check_module_settings(
+    # the module's settings, checked before anything loads and given to lkv's press below
+    settings = dict(
         probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
     )
+    check_module_settings(**settings)
     check_sentence_tokenizer(sentences, tokenizer)
     if (probe is None) != (not probe_weight):
         raise ValueError(
@@ -218,13 +220,5 @@ def lookahead_press(
     install_capture(model)
     module = LookaheadAdapter.load(adapter, model)
     probe_press = None if probe is None else ProbePress.from_folder(probe, model)
-    press = module_press(
-        module,
-        probe_press,
-        probe_weight=probe_weight,
-        fusion=fusion,
-        sentences=sentences,
-        sentences_beyond=sentences_beyond,
-        tokenizer=tokenizer,
-    )
+    press = module_press(module, probe_press, **settings, tokenizer=tokenizer)
     return LkvPress(press, compression_ratio, **options)
