@@ -706,6 +706,10 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     )
     prefills = []
     monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    built, real_press = [], lkv.commands.eval.lookahead_press
+    monkeypatch.setattr(
+        lkv.commands.eval, "lookahead_press", lambda *a, **k: built.append(real_press(*a, **k)) or built[-1]
+    )
     task = tiny_needle_task(tiny_corpus)
     folder = str(tmp_path / "adapter")
     beyond = 16  # the prompt's last 16 tokens stand alone, its earlier sentences stay whole
@@ -743,6 +747,9 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     pooled = LookaheadKVPress(lookahead.adapter, DEFAULT_KERNEL)
     union = FusedPress([pooled, probe], [0.5, 0.5], rule="union")
     sentences = SentencePress(union, sentence_ends(tokenizer), 0.5, beyond)
+    # the press eval built holds every setting (the tiny prompt's answer may not show a dropped one)
+    (made,) = [press for press in built if isinstance(press, SentencePress)]
+    assert (made.share, made.beyond) == (0.5, beyond)
     (sample,) = task.samples(tokenizer)
     context, question = encode_sample(sample, tokenizer)
     for method, press in [("lookaheadkv:fused", fused), ("lookaheadkv:sentences", sentences)]:
