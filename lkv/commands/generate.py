@@ -31,6 +31,7 @@ def generate(
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
     sentences_beyond: int = 0,
+    sentences_scaled: bool = False,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -72,6 +73,8 @@ def generate(
             ranking's best tokens, in [0, 1] (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none).
         sentences_beyond: with ``--sentences``: the tokens at the end of the prompt kept as single tokens, not
             sentences (0: sentences everywhere).
+        sentences_scaled: with ``--sentences_beyond``: the share scaled by the part of the prompt before those
+            tokens, ``sentences · (S − sentences_beyond) / S`` for an ``S``-token prompt.
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -113,12 +116,18 @@ def generate(
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
     # the module's settings, checked here before any model loads and given to its press below
     settings = dict(
-        probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
+        probe_weight=probe_weight,
+        fusion=fusion,
+        sentences=sentences,
+        sentences_beyond=sentences_beyond,
+        sentences_scaled=sentences_scaled,
     )
     try:
         check_module_settings(**settings)
     except ValueError as error:
-        raise ValueError(f"--probe_weight, --fusion, --sentences, --sentences_beyond: {error}") from None
+        raise ValueError(
+            f"--probe_weight, --fusion, --sentences, --sentences_beyond, --sentences_scaled: {error}"
+        ) from None
     fused = probe_weight > 0
     if fused and requires != "adapter":
         raise ValueError(

@@ -178,6 +178,7 @@ def lookahead_press(
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
     sentences_beyond: int = 0,
+    sentences_scaled: bool = False,
     tokenizer: PreTrainedTokenizerBase | None = None,
     **options,
 ) -> LkvPress:
@@ -200,6 +201,8 @@ def lookahead_press(
         sentences: the share of the budget kept as whole sentences around the ranking's best tokens, in [0, 1]
             (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none); needs ``tokenizer``.
         sentences_beyond: the tokens at the end of the prompt kept as single tokens (0: sentences everywhere).
+        sentences_scaled: the share scaled by the part of the prompt before those tokens (needs
+            ``sentences_beyond``).
         tokenizer: the model's tokenizer (for ``sentences``).
 
     Raises:
@@ -208,7 +211,11 @@ def lookahead_press(
     """
     # the module's settings, checked before anything loads and given to lkv's press below
     settings = dict(
-        probe_weight=probe_weight, fusion=fusion, sentences=sentences, sentences_beyond=sentences_beyond
+        probe_weight=probe_weight,
+        fusion=fusion,
+        sentences=sentences,
+        sentences_beyond=sentences_beyond,
+        sentences_scaled=sentences_scaled,
     )
     check_module_settings(**settings)
     check_sentence_tokenizer(sentences, tokenizer)

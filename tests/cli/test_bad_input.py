@@ -196,6 +196,10 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         lambda root, mp: generate(root, "--sentences_beyond", "1024"),
         [r"--sentences_beyond", r"sentences_beyond 1024 spares the prompt's end", r"give sentences > 0"],
     ),
+    "generate-sentences-scaled-without-beyond": (
+        lambda root, mp: generate(root, "--sentences", "0.5", "--sentences_scaled", "true"),
+        [r"--sentences_scaled", r"sentences_scaled scales the share", r"give sentences_beyond > 0"],
+    ),
     "generate-fusion-without-probe-weight": (
         lambda root, mp: generate(
             root,

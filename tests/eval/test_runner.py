@@ -665,6 +665,10 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             {"sentences_beyond": 512},
             "lookaheadkv: sentences_beyond 512 spares the prompt's end .*sentences > 0",
         ),
+        (
+            {"sentences": 0.5, "sentences_scaled": True},
+            "lookaheadkv: sentences_scaled scales the share .*give sentences_beyond > 0",
+        ),
         ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
         ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
         ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
@@ -729,6 +733,7 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
                 "fusion": "union",
                 "sentences": 0.5,
                 "sentences_beyond": beyond,
+                "sentences_scaled": True,
             },
         },
         output=str(tmp_path / "out"),
@@ -746,10 +751,10 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     fused = FusedPress([lookahead, probe], [0.5, 0.5], DEFAULT_KERNEL)
     pooled = LookaheadKVPress(lookahead.adapter, DEFAULT_KERNEL)
     union = FusedPress([pooled, probe], [0.5, 0.5], rule="union")
-    sentences = SentencePress(union, sentence_ends(tokenizer), 0.5, beyond)
+    sentences = SentencePress(union, sentence_ends(tokenizer), 0.5, beyond, scaled=True)
     # the press eval built holds every setting (the tiny prompt's answer may not show a dropped one)
     (made,) = [press for press in built if isinstance(press, SentencePress)]
-    assert (made.share, made.beyond) == (0.5, beyond)
+    assert (made.share, made.beyond, made.scaled) == (0.5, beyond, True)
     (sample,) = task.samples(tokenizer)
     context, question = encode_sample(sample, tokenizer)
     for method, press in [("lookaheadkv:fused", fused), ("lookaheadkv:sentences", sentences)]:

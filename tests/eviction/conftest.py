@@ -35,6 +35,8 @@ FUSED = "lookaheadkv+probe"
 # The fusion by the union rule with half of the budget to whole sentences, except in the prompt's last
 # SENTENCES_BEYOND tokens (`lkv eval`'s press_args: sentences, sentences_beyond).
 SENTENCES = "lookaheadkv+probe+sentences"
+# The same with the share scaled by the part of the prompt before those tokens (sentences_scaled).
+SCALED = "lookaheadkv+probe+sentences-scaled"
 
 
 PROMPT_LEN = 48
@@ -52,11 +54,12 @@ def build_press(name: str, model) -> Press:
     for param_name, param in adapter.trainable_parameters().items():
         if "lora_B" in param_name:
             param.data.copy_(0.5 * torch.randn(param.shape, generator=generator))
-    if name == SENTENCES:
+    if name in (SENTENCES, SCALED):
         union = FusedPress(
             [LookaheadKVPress(adapter, kernel=5), build_press("probe", model)], [0.5, 0.5], rule="union"
         )
-        return SentencePress(union, sentence_ends_every(model.config.vocab_size, 5), 0.5, SENTENCES_BEYOND)
+        ends = sentence_ends_every(model.config.vocab_size, 5)
+        return SentencePress(union, ends, 0.5, SENTENCES_BEYOND, scaled=name == SCALED)
     if name == FUSED:
         return FusedPress([LookaheadKVPress(adapter, kernel=1), build_press("probe", model)], [0.5, 0.5], 5)
     return LookaheadKVPress(adapter, kernel=5 if name == POOLED else 1)

@@ -234,8 +234,10 @@ def test_generate_command_with_an_exported_adapter(
         budget=8,
         sentences=0.5,
         sentences_beyond=6,
+        sentences_scaled=True,
     )
-    assert isinstance(presses[-1], SentencePress) and (presses[-1].share, presses[-1].beyond) == (0.5, 6)
+    made = presses[-1]
+    assert isinstance(made, SentencePress) and (made.share, made.beyond, made.scaled) == (0.5, 6, True)
 
 
 @pytest.mark.parametrize("method", ["snapkv", "pyramidkv", "oracle"])

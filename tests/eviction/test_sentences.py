@@ -122,6 +122,25 @@ def test_a_prompt_no_longer_than_beyond_is_kept_as_the_inner_press_keeps_it(tiny
     assert _kept(SentencePress(inner, ends, 0.5, PROMPT_LEN // 2), model, tokenizer, ids) != alone
 
 
+def test_a_scaled_share_is_the_share_times_the_far_part_of_the_prompt(tiny_llama):
+    """``scaled``: an ``S``-token prompt's sentences get ``share · (S − beyond) / S`` of the budget; a prompt no
+    longer than ``beyond`` gets none and is kept as the inner press keeps it."""
+    model, tokenizer = tiny_llama
+    inner = build_press("probe", model)
+    ids = prompt(model)
+    ends = sentence_ends_every(model.config.vocab_size, 5)
+    for beyond in (PROMPT_LEN // 4, PROMPT_LEN // 2):
+        scaled = SentencePress(inner, ends, 0.8, beyond, scaled=True)
+        share = 0.8 * (PROMPT_LEN - beyond) / PROMPT_LEN
+        assert scaled.prompt_share(PROMPT_LEN) == pytest.approx(share)
+        fixed = _kept(SentencePress(inner, ends, share, beyond), model, tokenizer, ids)
+        assert _kept(scaled, model, tokenizer, ids) == fixed
+        assert fixed != _kept(SentencePress(inner, ends, 0.8, beyond), model, tokenizer, ids)
+    spared = SentencePress(inner, ends, 0.8, PROMPT_LEN, scaled=True)
+    assert spared.prompt_share(PROMPT_LEN) == 0
+    assert _kept(spared, model, tokenizer, ids) == _kept(inner, model, tokenizer, ids)
+
+
 def test_sentence_settings_are_checked(tiny_llama):
     model, tokenizer = tiny_llama
     press = build_press("lookaheadkv", model)
@@ -134,10 +153,18 @@ def test_sentence_settings_are_checked(tiny_llama):
             SentencePress(press, sentence_ends(tokenizer), 0.5, beyond)
     with pytest.raises(ValueError, match="sentences_beyond 512 spares the prompt's end .*give sentences > 0"):
         lookahead_press(press.adapter, sentences_beyond=512, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="sentences_scaled scales the share .*give sentences_beyond > 0"):
+        SentencePress(press, sentence_ends(tokenizer), 0.5, scaled=True)
+    with pytest.raises(ValueError, match="sentences_scaled must be true or false, got 'yes'"):
+        lookahead_press(press.adapter, sentences=0.5, sentences_beyond=8, sentences_scaled="yes")
     with pytest.raises(ValueError, match="give the tokenizer"):
         lookahead_press(press.adapter, sentences=0.5)
     wrapped = lookahead_press(press.adapter, sentences=0.5, sentences_beyond=512, tokenizer=tokenizer)
     assert isinstance(wrapped, SentencePress) and isinstance(wrapped.inner, LookaheadKVPress)
-    assert wrapped.beyond == 512
+    assert (wrapped.beyond, wrapped.scaled) == (512, False)
+    scaled = lookahead_press(
+        press.adapter, sentences=0.5, sentences_beyond=512, sentences_scaled=True, tokenizer=tokenizer
+    )
+    assert scaled.scaled and scaled.prompt_share(2048) == 0.375
     assert wrapped.streamable and wrapped.protected(PROMPT_LEN) == (0, 0)
     assert isinstance(lookahead_press(press.adapter, tokenizer=tokenizer), LookaheadKVPress)

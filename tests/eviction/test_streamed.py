@@ -11,7 +11,7 @@ from lkv.eviction.registry import make_method
 from lkv.eviction.selector import Selection
 from lkv.eviction.streamed import streamed_compress
 from tests.conftest import FAMILIES, build_tiny_model, tiny_needle_task
-from tests.eviction.conftest import FUSED, PROMPT_LEN, SENTENCES, SETTINGS, build_press, prompt
+from tests.eviction.conftest import FUSED, PROMPT_LEN, SCALED, SENTENCES, SETTINGS, build_press, prompt
 
 STREAMED = [
     "snapkv",
@@ -27,8 +27,16 @@ STREAMED = [
     "lookaheadkv-pooled",
     FUSED,
     SENTENCES,
+    SCALED,
 ]
-TRAINED = ("lookaheadkv", "probe", "lookaheadkv-pooled", FUSED, SENTENCES)  # built from a module, not by name
+TRAINED = (
+    "lookaheadkv",
+    "probe",
+    "lookaheadkv-pooled",
+    FUSED,
+    SENTENCES,
+    SCALED,
+)  # built from a module, not by name
 # tokens per KV head (PyramidKV spreads them over layers), a ratio, and one that keeps all but one token
 BUDGETS = [12, 0.5, PROMPT_LEN - 1]
 

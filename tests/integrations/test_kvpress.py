@@ -250,6 +250,10 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
     # half of the budget to whole sentences, read from the tokenizer given (on ids the tokenizer has)
     ids = ids % len(tokenizer)
     want = matches_lkv(ids, sentences=0.5, sentences_beyond=ids.shape[1] // 3, tokenizer=tokenizer)
+    scaled = matches_lkv(
+        ids, sentences=0.5, sentences_beyond=ids.shape[1] // 3, sentences_scaled=True, tokenizer=tokenizer
+    )
+    assert not same_cache(scaled, want)
     assert not same_cache(want, lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion))
 
 

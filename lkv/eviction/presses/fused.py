@@ -122,7 +122,15 @@ class FusedPress(Press):
 # the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
 PROBE_WEIGHT = "probe_weight"
 # the settings a lookahead module's press takes beside the module (the keyword arguments of lookahead_press)
-MODULE_ARGS = ("kernel", "pooling", PROBE_WEIGHT, "fusion", "sentences", "sentences_beyond")
+MODULE_ARGS = (
+    "kernel",
+    "pooling",
+    PROBE_WEIGHT,
+    "fusion",
+    "sentences",
+    "sentences_beyond",
+    "sentences_scaled",
+)
 
 
 def check_module_settings(
@@ -132,12 +140,13 @@ def check_module_settings(
     fusion: str | None = None,
     sentences: float = 0.0,
     sentences_beyond: int = 0,
+    sentences_scaled: bool = False,
 ) -> None:
     """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
     before an output folder records them). A ``fusion`` rule without a ``probe_weight`` would fuse nothing:
     refused rather than ignored."""
     check_pooling(kernel, pooling)
-    check_share(sentences, sentences_beyond)
+    check_share(sentences, sentences_beyond, sentences_scaled)
     if not 0 <= probe_weight <= 1:
         raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
     if fusion is not None:
@@ -163,6 +172,7 @@ def lookahead_press(
     fusion: FusionRule | None = None,
     sentences: float = 0.0,
     sentences_beyond: int = 0,
+    sentences_scaled: bool = False,
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Press:
     """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
@@ -170,13 +180,16 @@ def lookahead_press(
     ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's
     pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the budget keeps
     whole sentences around the ranking's best tokens (:class:`~lkv.eviction.presses.sentences.SentencePress`;
-    the sentence ends are read from ``tokenizer``), except in the last ``sentences_beyond`` tokens."""
-    check_module_settings(kernel, pooling, probe_weight, fusion, sentences, sentences_beyond)
+    the sentence ends are read from ``tokenizer``), except in the last ``sentences_beyond`` tokens; with
+    ``sentences_scaled`` the share is scaled by the part of the prompt before them."""
+    check_module_settings(
+        kernel, pooling, probe_weight, fusion, sentences, sentences_beyond, sentences_scaled
+    )
     check_sentence_tokenizer(sentences, tokenizer)
     press = _ranking(module, probe, kernel, pooling, probe_weight, fusion)
     if not sentences:
         return press
-    return SentencePress(press, sentence_ends(tokenizer), sentences, sentences_beyond)
+    return SentencePress(press, sentence_ends(tokenizer), sentences, sentences_beyond, sentences_scaled)
 
 
 def _ranking(

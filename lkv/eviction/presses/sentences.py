@@ -12,10 +12,15 @@ holds ``.``, ``!``, ``?`` or a line break (:data:`SENTENCE_ENDS`), so in code a 
 With ``beyond`` > 0 only positions more than ``beyond`` tokens before the end of the prompt form sentences; the
 last ``beyond`` tokens each stand alone, so there the sentence ranking is the token ranking. Sentences lend reach
 to far tokens (section 16 of experiments/reach: far needles gain, 1K needles lose at C = 256); a prompt no longer
-than ``beyond`` is kept exactly as the inner press keeps it.
+than ``beyond`` is kept exactly as the inner press keeps it. With ``scaled`` the share is ``share · (S − beyond) / S``
+for an ``S``-token prompt: the sentences get the part of the budget that the prompt's far part is of the prompt,
+so a prompt barely longer than ``beyond`` keeps nearly all of its budget for the token ranking (which keeps the
+near tokens), and a prompt many times ``beyond`` (the users' 16K–128K) nearly all of ``share``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -68,35 +73,47 @@ class SentencePress(Press):
         ends: ``(vocab,)`` bool, the tokens that end a sentence (:func:`sentence_ends`).
         share: the share of the budget ranked by whole sentences, in ``(0, 1]`` (1: sentences only).
         beyond: tokens at the end of the prompt that stay single tokens (0: sentences everywhere).
+        scaled: the share scaled by the far part of the prompt, ``share · (S − beyond) / S`` (needs ``beyond``).
     """
 
-    def __init__(self, inner: Press, ends: torch.Tensor, share: float, beyond: int = 0) -> None:
-        check_share(share, beyond)
+    def __init__(
+        self, inner: Press, ends: torch.Tensor, share: float, beyond: int = 0, scaled: bool = False
+    ) -> None:
+        check_share(share, beyond, scaled)
         if share == 0:
             raise ValueError("a sentence share of 0 keeps no sentence: use the inner press alone")
         self.inner = inner
         self.ends = ends
         self.share = float(share)
         self.beyond = beyond
+        self.scaled = scaled
         self.name = inner.name
         self.streamable = inner.streamable
 
-    def _lift(self, scores: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
-        """``(..., S)`` inner scores and ``(S,)`` sentence indices → the merged scores, same shape."""
-        return union([scores, -sentence_rank(scores, sentence)], [1 - self.share, self.share])
+    def prompt_share(self, prompt_len: int) -> float:
+        """The share of a ``prompt_len``-token prompt's budget ranked by whole sentences."""
+        if not self.scaled:
+            return self.share
+        return self.share * max(0, prompt_len - self.beyond) / prompt_len
+
+    def _lifter(self, prompt_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``(1, S)`` prompt tokens → a map from ``(..., S)`` inner scores to the merged scores, same shape."""
+        sentence = sentence_index(prompt_ids, self.ends, self.beyond)  # once per prompt, not per layer
+        share = self.prompt_share(prompt_ids.shape[1])
+        return lambda scores: union([scores, -sentence_rank(scores, sentence)], [1 - share, share])
 
     def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         return self.inner.prefill_capture(prompt_len)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        return self._lift(self.inner.score(ctx), sentence_index(ctx.prompt_ids, self.ends, self.beyond))
+        return self._lifter(ctx.prompt_ids)(self.inner.score(ctx))
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
         if not self.streamable:
             return super().layer_scorer(ctx)
         scorer = self.inner.layer_scorer(ctx)
-        sentence = sentence_index(ctx.prompt_ids, self.ends, self.beyond)  # once per prompt, not per layer
-        return lambda layer: self._lift(scorer(layer), sentence)
+        lift = self._lifter(ctx.prompt_ids)
+        return lambda layer: lift(scorer(layer))
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return self.inner.protected(prompt_len)
@@ -105,9 +122,10 @@ class SentencePress(Press):
         return self.inner.layer_budgets(budget, prompt_len, num_layers)
 
 
-def check_share(share: float, beyond: int = 0) -> None:
+def check_share(share: float, beyond: int = 0, scaled: bool = False) -> None:
     """Raise a clear error unless ``0 ≤ share ≤ 1`` (0: no sentences) and ``beyond`` is a count of tokens ≥ 0,
-    given only with a share (without one it would change nothing)."""
+    given only with a share (without one it would change nothing), and ``scaled`` only with ``beyond`` (it
+    scales the share by the part of the prompt before the last ``beyond`` tokens)."""
     if not 0 <= share <= 1:
         raise ValueError(f"the sentence share must be in [0, 1] (a share of the budget), got {share}")
     if isinstance(beyond, bool) or not isinstance(beyond, int) or beyond < 0:
@@ -115,4 +133,11 @@ def check_share(share: float, beyond: int = 0) -> None:
     if beyond and not share:
         raise ValueError(
             f"sentences_beyond {beyond} spares the prompt's end from sentences: give sentences > 0"
+        )
+    if not isinstance(scaled, bool):
+        raise ValueError(f"sentences_scaled must be true or false, got {scaled!r}")
+    if scaled and not beyond:
+        raise ValueError(
+            "sentences_scaled scales the share by the part of the prompt before the last sentences_beyond tokens: "
+            "give sentences_beyond > 0"
         )
