@@ -4,11 +4,14 @@ evaluation-only one in essays, one in Python docs), with each module paired agai
 
     python experiments/reach/far_kinds.py FOLDER[=NAME] [...] [--reference lookaheadkv]
         [--methods lookaheadkv lookaheadkv:far_s0 ...] [--budgets 128 256] [--out FILE]
+        [--alias NEW=OLD ...]
 
 A needle is far when it sits ≥ 1.5K tokens before the end of a prompt of ≥ 3K tokens and near when ≤ 1K
 (experiments/reach/analyze.py's split): by ``meta["distance"]`` where the task placed needles by distance,
 otherwise by depth (``depth ≤ 0.5`` far, ``≥ 0.7`` near, the issue's split of 3K-token prompts). Several
-folders (the same samples scored by more modules) are merged as ``strongest.py`` merges them.
+folders (the same samples scored by more modules) are merged as ``strongest.py`` merges them. ``--alias
+NEW=OLD`` reads method ``OLD``'s rows as ``NEW``'s, so one setting named differently in the folders of
+different needle sets pools into one row (a needle scored under both names is refused).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 from analyze import FAR, FAR_MIN_LENGTH, NEAR, _kept, paired_cell, solved_outcomes
 from strongest import merged
+
+from lkv.eval.results import row_key
 
 SHORT = 2000  # prompts below this many tokens are the 1K group
 
@@ -75,6 +80,16 @@ def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budge
     return lines + [""]
 
 
+def aliased(rows: list[dict[str, Any]], aliases: dict[str, str]) -> list[dict[str, Any]]:
+    """``rows`` with each method in ``aliases`` (old → new) renamed; a (task, sample, budget, setting) that
+    would then hold two rows of one method is refused (the two names scored the same needle)."""
+    renamed = [{**r, "method": aliases.get(r["method"], r["method"])} for r in rows]
+    keys = [row_key(r) for r in renamed]
+    if len(set(keys)) < len(keys):
+        raise SystemExit(f"--alias {aliases}: two of the aliased methods scored the same needle")
+    return renamed
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -84,8 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reference", default="lookaheadkv")
     parser.add_argument("--budgets", nargs="+", default=["128", "256"])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--alias", nargs="+", default=[], help="NEW=OLD: method OLD's rows read as NEW's")
     args = parser.parse_args(argv)
-    rows = merged(args.folders)
+    rows = aliased(merged(args.folders), dict(reversed(a.split("=", 1)) for a in args.alias))
     methods = args.methods or sorted({r["method"] for r in rows if r["method"] != "fullkv"})
     text = "\n".join(tables(rows, methods, args.reference, args.budgets))
     if args.out:
