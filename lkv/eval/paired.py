@@ -120,13 +120,19 @@ def comparison_markdown(comparisons: Sequence[dict[str, Any]], methods: Sequence
     naming the budgets where its difference is outside noise (p < 0.05) and the ones where it is not."""
     if not comparisons:
         return []
+    baselines = sorted({c["baseline"] for c in comparisons if c["reference"] == "best baseline"})
+    # a run with no training-free baseline (e.g. modules, a probe and FullKV only) has no best-baseline rows
+    against = (
+        "and against the best training-free eviction baseline of the same cell (highest mean among "
+        f"{', '.join(baselines)}), "
+        if baselines
+        else ""
+    )
     lines = [
         "## Paired comparisons",
         "",
-        "Each method against FullKV and against the best training-free eviction baseline of the same cell "
-        "(highest mean among "
-        + ", ".join(sorted({c["baseline"] for c in comparisons if c["reference"] == "best baseline"}))
-        + "), on the same samples. Cells: difference in points (wins/losses) and the two-sided p-value: "
+        f"Each method against FullKV {against}on the same samples. Cells: difference in points (wins/losses) "
+        "and the two-sided p-value: "
         "exact McNemar for 0/1 scores, paired bootstrap otherwise; **bold** = outside noise (p < "
         f"{ALPHA:g}). Against FullKV, 0/1 tasks also give *kept*: FullKV-solved samples the method still "
         "solves, with the share's Wilson interval. A lookahead module is also compared with each "

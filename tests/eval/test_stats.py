@@ -219,6 +219,14 @@ def test_a_trained_probe_is_the_strongest_competitor_not_a_training_free_baselin
     assert "| lookaheadkv | strongest competitor | **+26.7 (8/0) p=0.0078 vs probe" in text
 
 
+def test_a_run_without_training_free_baselines_names_none(tmp_path):
+    n = 30
+    rows = _rows({("fullkv", "full"): [1.0] * n, ("lookaheadkv", "64"): [1.0] * (n - 2) + [0.0] * 2})
+    text = write_report(rows, tmp_path, methods=["fullkv", "lookaheadkv"]).read_text()
+    assert "Each method against FullKV on the same samples." in text
+    assert "among )" not in text and "best training-free" not in text.split("## Paired")[1].split("\n\n")[1]
+
+
 def test_small_cells_are_labelled_a_smoke_test(tmp_path):
     rows = _rows({("fullkv", "full"): [1.0] * 6, ("snapkv", "64"): [1.0] * 2 + [0.0] * 4})
     text = write_report(rows, tmp_path).read_text()
