@@ -26,7 +26,7 @@ from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.fused import (
     MODULE_ARGS,
     PROBE_WEIGHT,
-    check_module_settings,
+    ModuleSettings,
     lookahead_press,
 )
 from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
@@ -171,7 +171,7 @@ def evaluate(
                 f"settings come from its adapter folder), got {sorted(own)}"
             )
         try:
-            check_module_settings(**own)
+            ModuleSettings(**own)
         except ValueError as error:
             raise ValueError(f"press_args for {method}: {error}") from None
     fused = [m for m, own in press_args.items() if adapter_method(m) and own.get(PROBE_WEIGHT)]
@@ -226,7 +226,7 @@ def evaluate(
             resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
         )
         presses[method] = lookahead_press(
-            module, probe_press, **press_args.get(method, {}), tokenizer=tokenizer
+            module, probe_press, ModuleSettings(**press_args.get(method, {})), tokenizer
         )
     for method in methods:
         if method in presses:
@@ -234,7 +234,7 @@ def evaluate(
         roles = roles_of(method)
         if roles.requires == "adapter":
             presses[method] = lookahead_press(
-                lookahead.adapter, probe_press, **press_args.get(method, {}), tokenizer=tokenizer
+                lookahead.adapter, probe_press, ModuleSettings(**press_args.get(method, {})), tokenizer
             )
         elif roles.requires == "probe":
             presses[method] = probe_press

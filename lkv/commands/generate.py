@@ -9,7 +9,7 @@ from lkv.core.budget import Budget
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
-from lkv.eviction.presses.fused import FusionRule, check_module_settings, lookahead_press
+from lkv.eviction.presses.fused import FusionRule, ModuleSettings, lookahead_press
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, make_method, roles_of
 from lkv.eviction.selector import HeadBudget, Selection
@@ -115,15 +115,14 @@ def generate(
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
     # the module's settings, checked here before any model loads and given to its press below
-    settings = dict(
-        probe_weight=probe_weight,
-        fusion=fusion,
-        sentences=sentences,
-        sentences_beyond=sentences_beyond,
-        sentences_scaled=sentences_scaled,
-    )
     try:
-        check_module_settings(**settings)
+        settings = ModuleSettings(
+            probe_weight=probe_weight,
+            fusion=fusion,
+            sentences=sentences,
+            sentences_beyond=sentences_beyond,
+            sentences_scaled=sentences_scaled,
+        )
     except ValueError as error:
         raise ValueError(
             f"--probe_weight, --fusion, --sentences, --sentences_beyond, --sentences_scaled: {error}"
@@ -144,7 +143,7 @@ def generate(
         net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
         if fused or sentences:
             probe_press = ProbePress.from_folder(resolve_probe(probe, model), net) if fused else None
-            press = lookahead_press(press.adapter, probe_press, **settings, tokenizer=tokenizer)
+            press = lookahead_press(press.adapter, probe_press, settings, tokenizer)
     elif probe is not None:
         folder = resolve_probe(probe, model)
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL

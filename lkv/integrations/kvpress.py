@@ -49,7 +49,7 @@ from lkv.eviction.presses import Press, ProbePress
 from lkv.eviction.presses.fused import (
     PROBE_WEIGHT,
     FusionRule,
-    check_module_settings,
+    ModuleSettings,
     check_sentence_tokenizer,
 )
 from lkv.eviction.presses.fused import lookahead_press as module_press
@@ -210,14 +210,13 @@ def lookahead_press(
             (before anything is loaded).
     """
     # the module's settings, checked before anything loads and given to lkv's press below
-    settings = dict(
+    settings = ModuleSettings(
         probe_weight=probe_weight,
         fusion=fusion,
         sentences=sentences,
         sentences_beyond=sentences_beyond,
         sentences_scaled=sentences_scaled,
     )
-    check_module_settings(**settings)
     check_sentence_tokenizer(sentences, tokenizer)
     if (probe is None) != (not probe_weight):
         raise ValueError(
@@ -227,5 +226,5 @@ def lookahead_press(
     install_capture(model)
     module = LookaheadAdapter.load(adapter, model)
     probe_press = None if probe is None else ProbePress.from_folder(probe, model)
-    press = module_press(module, probe_press, **settings, tokenizer=tokenizer)
+    press = module_press(module, probe_press, settings, tokenizer)
     return LkvPress(press, compression_ratio, **options)

@@ -17,7 +17,7 @@ from lkv.core.compat import cache_kwargs  # noqa: E402
 from lkv.core.generation import Sampling  # noqa: E402
 from lkv.eviction.compressor import Compressor  # noqa: E402
 from lkv.eviction.presses import LookaheadKVPress, Press  # noqa: E402
-from lkv.eviction.presses.fused import RULES  # noqa: E402
+from lkv.eviction.presses.fused import RULES, ModuleSettings  # noqa: E402
 from lkv.eviction.presses.fused import lookahead_press as module_press  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
 from lkv.eviction.selector import Selection, adaptive_width  # noqa: E402
@@ -50,7 +50,7 @@ def build(method: str, model) -> Press:
         return build_press(method, model)
     rule = method.split("(")[1].rstrip(")")
     module, probe = build_press("lookaheadkv", model).adapter, build_press("probe", model)
-    return module_press(module, probe, probe_weight=FUSED_WEIGHT, fusion=rule)
+    return module_press(module, probe, ModuleSettings(probe_weight=FUSED_WEIGHT, fusion=rule))
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
@@ -220,8 +220,9 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
     probe.probe.save(tmp_path / "probe")
     ids = prompt(model)
 
-    def lkv(**settings) -> DynamicCache:
-        return kvpress_prefill(model, LkvPress(module_press(module, **settings), compression_ratio=0.5), ids)
+    def lkv(probe=None, tokenizer=None, **settings) -> DynamicCache:
+        press = module_press(module, probe, ModuleSettings(**settings), tokenizer)
+        return kvpress_prefill(model, LkvPress(press, compression_ratio=0.5), ids)
 
     fresh, _ = build_tiny_model("llama")
 

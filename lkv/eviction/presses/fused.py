@@ -121,40 +121,46 @@ class FusedPress(Press):
 
 # the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
 PROBE_WEIGHT = "probe_weight"
-# the settings a lookahead module's press takes beside the module (the keyword arguments of lookahead_press)
-MODULE_ARGS = (
-    "kernel",
-    "pooling",
-    PROBE_WEIGHT,
-    "fusion",
-    "sentences",
-    "sentences_beyond",
-    "sentences_scaled",
-)
 
 
-def check_module_settings(
-    kernel: int = DEFAULT_KERNEL,
-    pooling: str = "max",
-    probe_weight: float = 0.0,
-    fusion: str | None = None,
-    sentences: float = 0.0,
-    sentences_beyond: int = 0,
-    sentences_scaled: bool = False,
-) -> None:
-    """Raise a clear error unless :func:`lookahead_press` accepts these settings (checked where they enter,
-    before an output folder records them). A ``fusion`` rule without a ``probe_weight`` would fuse nothing:
-    refused rather than ignored."""
-    check_pooling(kernel, pooling)
-    check_share(sentences, sentences_beyond, sentences_scaled)
-    if not 0 <= probe_weight <= 1:
-        raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {probe_weight}")
-    if fusion is not None:
-        check_rule(fusion)
-        if not probe_weight:
-            raise ValueError(
-                f"fusion {fusion!r} combines the module with a probe: give {PROBE_WEIGHT} > 0 as well"
-            )
+@dataclasses.dataclass(frozen=True)
+class ModuleSettings:
+    """What a lookahead module's press takes beside the module (:func:`lookahead_press`), checked when made, so
+    that each entry point (`lkv eval`'s flat ``press_args``, `lkv generate`'s flags, the kvpress integration)
+    refuses a bad setting before an output folder records it or a model loads.
+
+    Args:
+        kernel, pooling: 1-D pooling of the module's scores (:func:`~lkv.eviction.selector.check_pooling`).
+        probe_weight: the probe's weight in ``[0, 1]`` in the fused ranking (0: the module alone).
+        fusion: ``mixture`` (None: the default) or ``union``; only with ``probe_weight`` (a rule without a
+            probe would fuse nothing: refused rather than ignored).
+        sentences, sentences_beyond, sentences_scaled: the budget's share kept as whole sentences
+            (:func:`~lkv.eviction.presses.sentences.check_share`).
+    """
+
+    kernel: int = DEFAULT_KERNEL
+    pooling: str = "max"
+    probe_weight: float = 0.0
+    fusion: FusionRule | None = None
+    sentences: float = 0.0
+    sentences_beyond: int = 0
+    sentences_scaled: bool = False
+
+    def __post_init__(self) -> None:
+        check_pooling(self.kernel, self.pooling)
+        check_share(self.sentences, self.sentences_beyond, self.sentences_scaled)
+        if not 0 <= self.probe_weight <= 1:
+            raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {self.probe_weight}")
+        if self.fusion is not None:
+            check_rule(self.fusion)
+            if not self.probe_weight:
+                raise ValueError(
+                    f"fusion {self.fusion!r} combines the module with a probe: give {PROBE_WEIGHT} > 0 as well"
+                )
+
+
+# the names of ModuleSettings' fields: the keys `lkv eval`'s press_args take for a lookahead module
+MODULE_ARGS = tuple(field.name for field in dataclasses.fields(ModuleSettings))
 
 
 def check_sentence_tokenizer(sentences: float, tokenizer: PreTrainedTokenizerBase | None) -> None:
@@ -166,41 +172,33 @@ def check_sentence_tokenizer(sentences: float, tokenizer: PreTrainedTokenizerBas
 def lookahead_press(
     module: LookaheadAdapter,
     probe: ProbePress | None = None,
-    kernel: int = DEFAULT_KERNEL,
-    pooling: str = "max",
-    probe_weight: float = 0.0,
-    fusion: FusionRule | None = None,
-    sentences: float = 0.0,
-    sentences_beyond: int = 0,
-    sentences_scaled: bool = False,
+    settings: ModuleSettings = ModuleSettings(),
     tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Press:
-    """A lookahead module's press: LookaheadKV pooled with ``kernel``, or, with ``probe_weight`` > 0, fused with
-    ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion`` (None: ``mixture``):
-    ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks the module's
-    pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the budget keeps
-    whole sentences around the ranking's best tokens (:class:`~lkv.eviction.presses.sentences.SentencePress`;
-    the sentence ends are read from ``tokenizer``), except in the last ``sentences_beyond`` tokens; with
-    ``sentences_scaled`` the share is scaled by the part of the prompt before them."""
-    check_module_settings(
-        kernel, pooling, probe_weight, fusion, sentences, sentences_beyond, sentences_scaled
-    )
-    check_sentence_tokenizer(sentences, tokenizer)
-    press = _ranking(module, probe, kernel, pooling, probe_weight, fusion)
-    if not sentences:
+    """A lookahead module's press: LookaheadKV pooled with ``settings.kernel``, or, with ``probe_weight`` > 0,
+    fused with ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion`` (None:
+    ``mixture``): ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks
+    the module's pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the
+    budget keeps whole sentences around the ranking's best tokens
+    (:class:`~lkv.eviction.presses.sentences.SentencePress`; the sentence ends are read from ``tokenizer``),
+    except in the last ``sentences_beyond`` tokens; with ``sentences_scaled`` the share is scaled by the part of
+    the prompt before them."""
+    check_sentence_tokenizer(settings.sentences, tokenizer)
+    press = _ranking(module, probe, settings)
+    if not settings.sentences:
         return press
-    return SentencePress(press, sentence_ends(tokenizer), sentences, sentences_beyond, sentences_scaled)
+    return SentencePress(
+        press,
+        sentence_ends(tokenizer),
+        settings.sentences,
+        settings.sentences_beyond,
+        settings.sentences_scaled,
+    )
 
 
-def _ranking(
-    module: LookaheadAdapter,
-    probe: ProbePress | None,
-    kernel: int,
-    pooling: str,
-    probe_weight: float,
-    fusion: FusionRule | None,
-) -> Press:
+def _ranking(module: LookaheadAdapter, probe: ProbePress | None, settings: ModuleSettings) -> Press:
     """:func:`lookahead_press` before any sentence share."""
+    kernel, pooling, probe_weight = settings.kernel, settings.pooling, settings.probe_weight
     if not probe_weight:
         return LookaheadKVPress(module, kernel, pooling)
     if probe is None:
@@ -208,6 +206,6 @@ def _ranking(
             f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs a probe"
         )
     weights = [1 - probe_weight, probe_weight]
-    if fusion == "union":
-        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule=fusion)
+    if settings.fusion == "union":
+        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule="union")
     return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, "mixture")
