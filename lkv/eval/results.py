@@ -184,19 +184,26 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
     path.write_text(json.dumps(info, indent=2, sort_keys=True))
 
 
-def copy_adapter_free(source: Path, target: Path) -> int:
+def copy_adapter_free(source: Path, target: Path, keep_probe: bool = True) -> int:
     """Start the new eval folder ``target`` with the rows of ``source`` that no adapter made (FullKV, the
     training-free methods, Oracle) and ``source``'s ``run.json`` without its adapter, so an ``lkv eval`` of the
-    same config with another adapter resumes there and evaluates only the adapter's rows. Returns the number
-    of rows copied.
+    same config with another adapter resumes there and evaluates only the adapter's rows. ``keep_probe=False``
+    also leaves out the probe's rows and its record, for a run that names another probe (which the recorded
+    one would refuse). Returns the number of rows copied.
 
     Raises:
         FileExistsError: ``target`` exists (its rows would be mixed with ``source``'s).
     """
-    rows = [r for r in ResultsFile(source / RESULTS_FILE).rows if not adapter_method(r["method"])]
+
+    def model_free(method: str) -> bool:
+        return not adapter_method(method) and (keep_probe or roles_of(method).requires != "probe")
+
+    rows = [r for r in ResultsFile(source / RESULTS_FILE).rows if model_free(r["method"])]
     info = {k: v for k, v in json.loads((source / RUN_FILE).read_text()).items() if k != NAMED} | {
         "adapter": None
     }
+    if not keep_probe:
+        info["probe"] = None
     # the lookahead modules' settings go with their rows
     info[PRESS_ARGS] = {m: a for m, a in (info.get(PRESS_ARGS) or {}).items() if not adapter_method(m)}
     target.mkdir(parents=True)

@@ -538,17 +538,24 @@ def test_clock_waits_for_cuda(monkeypatch):
 
 def test_adapter_free_rows_start_a_folder_for_another_adapter(tmp_path):
     source, target = tmp_path / "a", tmp_path / "b"
-    check_run(source, {"model": "m", "adapter": "aaa"})
+    check_run(source, {"model": "m", "adapter": "aaa", "probe": "ppp"})
     rows = [
         {"task": "t", "sample": "s", "method": m, "budget": "8", "setting": "aware"}
-        for m in ("fullkv", "lookaheadkv")
+        for m in ("fullkv", "lookaheadkv", "probe")
     ]
     (source / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert copy_adapter_free(source, target) == 1
-    assert [r["method"] for r in ResultsFile(target / "results.jsonl").rows] == ["fullkv"]
-    check_run(target, {"model": "m", "adapter": "bbb"})  # another adapter resumes the copied folder
+    assert copy_adapter_free(source, target) == 2
+    assert [r["method"] for r in ResultsFile(target / "results.jsonl").rows] == ["fullkv", "probe"]
+    check_run(target, {"model": "m", "adapter": "bbb", "probe": "ppp"})  # another adapter resumes it
+    with pytest.raises(ValueError, match="differs in: probe"):  # the probe's rows are another probe's
+        check_run(target, {"model": "m", "adapter": "bbb", "probe": "qqq"})
     with pytest.raises(FileExistsError):
         copy_adapter_free(source, target)
+    # without the probe's rows and record, a run with another probe resumes the copy
+    other = tmp_path / "c"
+    assert copy_adapter_free(source, other, keep_probe=False) == 1
+    assert [r["method"] for r in ResultsFile(other / "results.jsonl").rows] == ["fullkv"]
+    check_run(other, {"model": "m", "adapter": "bbb", "probe": "qqq"})
 
 
 def test_named_modules_may_join_a_folder_but_keep_their_module(tmp_path):
