@@ -5,11 +5,14 @@ task, for any ``lkv eval`` folders that scored the same samples.
         [--before METHOD] [--title TEXT]
 
 Folders are merged row by row (a row found in several is taken from the first); their FullKV answers must be
-the same text on every sample they share, or the script stops. ``FOLDER=NAME`` names that folder's methods
-``method:NAME`` (FullKV's rows excepted), e.g. a second probe seed evaluated into a folder of its own. Per (setting, task): of the samples FullKV
+the same text on every sample they share, or the script stops. ``FOLDER=NAME`` names that folder's trained
+methods ``method:NAME`` (the lookahead modules' and the probe's), e.g. a second probe seed evaluated into a
+folder of its own; its other rows (FullKV, Oracle, the training-free methods: the same whatever was trained,
+often copied from another folder by ``copy_adapter_free``) keep their names. Per (setting, task): of the samples FullKV
 answers fully, the share each method still answers fully (Wilson 95 %), and each LookaheadKV module against
 the competitor with the highest kept share at each budget (no Oracle, FullKV or Quest), exact McNemar
-(the tables of ``ruler.py``); with ``--before``, each other module against that one.
+(the tables of ``ruler.py``); with ``--before``, each other module against that one. With several tasks, the
+same tables once more over every task's pairs pooled.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from analyze import BUDGETS, read
 from ruler import kept_tables
 
 from lkv.eval.results import row_key
+from lkv.eviction.registry import roles_of
 
 
 def merged(folders: list[str]) -> list[dict[str, Any]]:
@@ -33,7 +37,7 @@ def merged(folders: list[str]) -> list[dict[str, Any]]:
         if not found:
             raise SystemExit(f"{folder}: no results.jsonl rows")
         for row in found:
-            if name and row["method"] != "fullkv":
+            if name and roles_of(row["method"]).requires in ("adapter", "probe"):
                 row = {**row, "method": f"{row['method']}:{name}"}
             key = row_key(row)
             if key in rows and row["method"] == "fullkv" and rows[key]["prediction"] != row["prediction"]:
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         for task in dict.fromkeys(r["task"] for r in rows if r["setting"] == setting):
             mine = [r for r in rows if r["setting"] == setting and r["task"] == task]
             lines += [f"## {task}, {setting}", "", *kept_tables(mine, tuple(args.budgets), args.before)]
+        tasks = dict.fromkeys(r["task"] for r in rows if r["setting"] == setting)
+        if len(tasks) > 1:  # the pairs of every task pooled (RULER's retention)
+            mine = [r for r in rows if r["setting"] == setting]
+            lines += [f"## every task, {setting}", "", *kept_tables(mine, tuple(args.budgets), args.before)]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
 
