@@ -3,14 +3,14 @@
     python experiments/agnostic_labels/competitors.py [--competitors experiments/agnostic_labels/competitors]
         [--out experiments/agnostic_labels/results/competitors.md]
 
-``--competitors`` is the ``lkv eval`` folder of ``configs/eval/agnostic_competitors.yaml`` (FullKV, KVzip,
-Expected Attention, KeyDiff, the probe); LookaheadKV (agnostic and aware labels), Quest and FullKV come from
-this study's committed rows (``results/rows_*_adapter.jsonl``). The samples are regenerated from their seeds,
-so a sample id names the same prompt in both; as a check, FullKV's answer must be the same text in both
-runs, and only samples where it is are paired (the count is printed in the table's header). Per task and
-budget: accuracy [Wilson 95 %], retention of the FullKV-solved samples, and agnostic-label LookaheadKV against
-the strongest competitor (highest accuracy among KVzip, Expected Attention, KeyDiff and the probe) and against
-Quest, exact McNemar.
+``--competitors`` is the ``lkv eval`` folder of
+``experiments/agnostic_labels/configs/agnostic_competitors.yaml`` (FullKV, KVzip, Expected Attention, KeyDiff,
+the probe); LookaheadKV (agnostic and aware labels), Quest and FullKV come from this study's committed rows
+(``results/rows_*_adapter.jsonl``). The samples are regenerated from their seeds, so a sample id names the
+same prompt in both; as a check, FullKV's answer must be the same text in both runs, and only samples where it
+is are paired (the count is printed in the table's header). Per task and budget: accuracy [Wilson 95 %],
+retention of the FullKV-solved samples, and agnostic-label LookaheadKV against the strongest competitor
+(highest accuracy among KVzip, Expected Attention, KeyDiff and the probe) and against Quest, exact McNemar.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
     python experiments/length_mix/compare.py [--base experiments/full_evidence/results]
         [--mix runs/length_mix/eval] [--oracle runs/length_probe/oracle] [--out experiments/length_mix]
 
-``--base`` and ``--mix`` are ``lkv eval`` runs of ``configs/eval/full_evidence.yaml`` (question-aware rows):
-``--base`` with the committed adapter (the data-scaling N = 512 point, ~1K-token training prompts), ``--mix``
-with the length-mix adapter; ``--oracle`` is the run of ``configs/eval/length_oracle.yaml`` (3K samples).
-Per needle group (in- and out-of-distribution), context length and budget it gives each one's retention of
-the samples FullKV solves (``k / n``, Wilson 95 % interval) and the paired exact McNemar test of the mix
-against the base on those samples. A missing ``--mix`` or ``--oracle`` folder leaves its column out.
-Writes ``summary.md`` and ``summary.csv`` and copies the mix's LookaheadKV rows to
-``--out/results/lookaheadkv_rows.jsonl``.
+``--base`` and ``--mix`` are ``lkv eval`` runs of ``experiments/full_evidence/configs/full_evidence.yaml``
+(question-aware rows): ``--base`` with the committed adapter (the data-scaling N = 512 point, ~1K-token
+training prompts), ``--mix`` with the length-mix adapter; ``--oracle`` is the run of
+``experiments/length_mix/configs/length_oracle.yaml`` (3K samples). Per needle group (in- and
+out-of-distribution), context length and budget it gives each one's retention of the samples FullKV solves
+(``k / n``, Wilson 95 % interval) and the paired exact McNemar test of the mix against the base on those
+samples. A missing ``--mix`` or ``--oracle`` folder leaves its column out. Writes ``summary.md`` and
+``summary.csv`` and copies the mix's LookaheadKV rows to ``--out/results/lookaheadkv_rows.jsonl``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Bootstrap 95 % intervals of the probe's held-out importance metrics per seed, and the paired test against
-SnapKV on the same prompts, from the `lkv eval` rows in results/ (configs/eval/probe_importance.yaml).
+SnapKV on the same prompts, from the `lkv eval` rows in results/
+(experiments/probe_vs_lookahead/configs/probe_importance.yaml).
 
     python experiments/probe_vs_lookahead/intervals.py
 """

@@ -3,11 +3,11 @@
     python experiments/question_dependent/filter_labels.py [--source data/labels/distract/train]
         [--target data/labels/distract_ok/train]
 
-The labels of configs/experiments/question_distractors_smollm2.yaml follow SmolLM2-135M's own answers, which
-name another fact's value in a quarter of the distractor prompts: those labels teach the module to keep the
-wrong fact. This copies the label folder without the ``find_value`` rows whose response lacks the asked value
-(rebuilt from the label command's ``BuiltinPrompts`` settings); every other row is kept. The folder's
-``meta.json`` is copied (the rows are the same model's, prompts and settings).
+The labels of experiments/question_dependent/configs/question_distractors_smollm2.yaml follow SmolLM2-135M's
+own answers, which name another fact's value in a quarter of the distractor prompts: those labels teach the
+module to keep the wrong fact. This copies the label folder without the ``find_value`` rows whose response
+lacks the asked value (rebuilt from the label command's ``BuiltinPrompts`` settings); every other row is kept.
+The folder's ``meta.json`` is copied (the rows are the same model's, prompts and settings).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.target.exists():
         raise SystemExit(f"{args.target} exists; remove it first")
-    prompts = BuiltinPrompts(  # the label command of configs/experiments/question_distractors_smollm2.yaml
+    prompts = BuiltinPrompts(  # the label command of configs/question_distractors_smollm2.yaml here
         split="train",
         seed=5,
         num_prompts=64,

@@ -3,8 +3,9 @@ kept another of the eight facts), the asked value's first digits (part of the sp
 
     python experiments/question_dependent/misses.py [--budgets 128 256]
 
-Reads experiments/question_dependent/results (the rows of configs/eval/trained_distractors.yaml), rebuilds the
-72 samples from the config's seeds to know every needle's value, and prints a markdown table.
+Reads experiments/question_dependent/results (the rows of
+experiments/question_dependent/configs/trained_distractors.yaml), rebuilds the 72 samples from the config's
+seeds to know every needle's value, and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = ResultsFile(ROOT / "experiments/question_dependent/results" / RESULTS_FILE).rows
     solved = {r["sample"] for r in rows if r["budget"] == FULL and r["score"] == 1.0}
-    task = NeedleFamilyTask(  # configs/eval/trained_distractors.yaml
+    task = NeedleFamilyTask(  # experiments/question_dependent/configs/trained_distractors.yaml
         distribution="out",
         families=("trained_distractors",),
         haystacks=("essays", "pydoc"),

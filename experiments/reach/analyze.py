@@ -2,13 +2,14 @@
 
     python experiments/reach/analyze.py [--tokens FOLDER] [--distance FOLDER] [--reference lookaheadkv]
 
-``--tokens`` is an ``lkv eval`` run of ``configs/eval/reach_tokens.yaml`` (the prefill-only needle-token
-diagnostic), ``--distance`` one of ``configs/eval/reach_distance.yaml`` (answers decoded); give either or both.
-Writes ``tokens.md`` into the ``--tokens`` folder (the share of the value's tokens kept, mean over samples and
-(layer, KV head), with a bootstrap interval; and per head: of the heads where the Oracle keeps the whole value,
-the share where each method does too) and ``distance.md`` into the ``--distance`` folder (of the needles FullKV
-solves, the share each method still solves, Wilson 95 %, by distance; near ≤ 1K and far ≥ 1.5K tokens pooled
-over prompts ≥ 3K; each method against ``--reference`` paired on the same needles, exact McNemar).
+``--tokens`` is an ``lkv eval`` run of ``experiments/reach/configs/reach_tokens.yaml`` (the prefill-only
+needle-token diagnostic), ``--distance`` one of ``experiments/reach/configs/reach_distance.yaml`` (answers
+decoded); give either or both. Writes ``tokens.md`` into the ``--tokens`` folder (the share of the value's
+tokens kept, mean over samples and (layer, KV head), with a bootstrap interval; and per head: of the heads
+where the Oracle keeps the whole value, the share where each method does too) and ``distance.md`` into the
+``--distance`` folder (of the needles FullKV solves, the share each method still solves, Wilson 95 %, by
+distance; near ≤ 1K and far ≥ 1.5K tokens pooled over prompts ≥ 3K; each method against ``--reference`` paired
+on the same needles, exact McNemar).
 """
 
 from __future__ import annotations
@@ -287,9 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", type=Path, help="an lkv eval folder of configs/eval/reach_tokens.yaml")
     parser.add_argument(
-        "--distance", type=Path, help="an lkv eval folder of configs/eval/reach_distance.yaml"
+        "--tokens", type=Path, help="an lkv eval folder of experiments/reach/configs/reach_tokens.yaml"
+    )
+    parser.add_argument(
+        "--distance", type=Path, help="an lkv eval folder of experiments/reach/configs/reach_distance.yaml"
     )
     parser.add_argument("--reference", default="lookaheadkv")
     args = parser.parse_args(argv)

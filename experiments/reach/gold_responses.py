@@ -4,16 +4,17 @@
         [--out data/labels/reach_gold_responses.jsonl]
 
 The labels are the attention of the labeller's own answer. SmolLM2-135M answers only 10 of the 21 find_value
-prompts among configs/experiments/reach_kinds_smollm2.yaml's 48 long prompts right: in the other 11 it names
-another city or colour, or describes the text, so those labels teach the module to keep something else than
-the asked fact. This writes one response per prompt of that label folder: the labeller's own response where
-its answer holds the asked value and for every prompt without a checkable answer (where its tokens are not
-the tokenizer's own tokenisation of its text, which `lkv label --responses` refuses, that text's own tokens,
-cut to the same length); otherwise the fact's own sentence as it stands in the passage (e.g. "The special
-magic number for apple is 2283766.") and the end-of-turn token (:func:`lkv.labels.gold.reference_response`).
-`lkv label --responses` then teacher-forces these and labels the attention that a right answer pays to the
-prompt (experiments/reach/README.md, section 12). `lkv label --gold_answers` does the same in one run, but
-keeps the labeller's own tokens where this file must retokenise (3 of the 48 prompts).
+prompts among experiments/reach/configs/reach_kinds_smollm2.yaml's 48 long prompts right: in the other 11 it
+names another city or colour, or describes the text, so those labels teach the module to keep something else
+than the asked fact. This writes one response per prompt of that label folder: the labeller's own response
+where its answer holds the asked value and for every prompt without a checkable answer (where its tokens are
+not the tokenizer's own tokenisation of its text, which `lkv label --responses` refuses, that text's own
+tokens, cut to the same length); otherwise the fact's own sentence as it stands in the passage (e.g. "The
+special magic number for apple is 2283766.") and the end-of-turn token
+(:func:`lkv.labels.gold.reference_response`). `lkv label --responses` then teacher-forces these and labels the
+attention that a right answer pays to the prompt (experiments/reach/README.md, section 12). `lkv label
+--gold_answers` does the same in one run, but keeps the labeller's own tokens where this file must retokenise
+(3 of the 48 prompts).
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ def main() -> None:
     parser.add_argument("--labels", type=Path, default=ROOT / "data/labels/reach_kinds/train")
     parser.add_argument("--out", type=Path, default=ROOT / "data/labels/reach_gold_responses.jsonl")
     args = parser.parse_args()
-    prompts = BuiltinPrompts(  # the label command in configs/experiments/reach_kinds_smollm2.yaml's header
-        split="train",
-        seed=3,
-        num_prompts=48,
-        min_words=1000,
-        max_words=3000,
-        code_fraction=0.15,
-        retrieval_fraction=0.5,
-        fact_depths=[0.0, 0.6],
-        fact_formats=FORMATS,
+    prompts = (
+        BuiltinPrompts(  # the label command in experiments/reach/configs/reach_kinds_smollm2.yaml's header
+            split="train",
+            seed=3,
+            num_prompts=48,
+            min_words=1000,
+            max_words=3000,
+            code_fraction=0.15,
+            retrieval_fraction=0.5,
+            fact_depths=[0.0, 0.6],
+            fact_formats=FORMATS,
+        )
     )
     by_id = {p.id: p for p in prompts}
     tokenizer = AutoTokenizer.from_pretrained(model_dir())

@@ -3,7 +3,7 @@
     python experiments/reach/ruler.py [--runs experiments/reach/ruler_4k experiments/reach/ruler_8k]
         [--out experiments/reach/ruler.md]
 
-Each run is an ``lkv eval`` folder of ``configs/eval/reach_ruler_{4k,8k}.yaml``. Per run:
+Each run is an ``lkv eval`` folder of ``experiments/reach/configs/reach_ruler_{4k,8k}.yaml``. Per run:
 
 - **Scores**: each method's mean ``string_match`` × 100 per task and budget (n samples per task in the
   header), and its mean over the tasks FullKV scores above 0 on. Tasks FullKV scores 0 on are listed apart,

@@ -1,5 +1,6 @@
-"""Every eval suite and the demo config parse with their verbs' parsers (no weights loaded), and `lkv demo`
-runs its stages in order, reuses what earlier runs left and writes the timing table into the report."""
+"""Every eval suite (configs/eval and the studies' under experiments/<study>/configs) and the demo config parse
+with their verbs' parsers (no weights loaded), and `lkv demo` runs its stages in order, reuses what earlier
+runs left and writes the timing table into the report."""
 
 import functools
 import json
@@ -22,9 +23,14 @@ import lkv.train.module
 from lkv.cli import main as lkv_main
 from lkv.commands.demo import demo, eval_arguments, fit_config
 from lkv.eval.tasks import Benchmark, ImportanceTask
+from tests.shipped_configs import ROOT, is_fit_config, shipped_configs
 
-ROOT = Path(__file__).resolve().parents[2]
-EVAL_CONFIGS = sorted((ROOT / "configs" / "eval").glob("*.yaml"))
+EVAL_CONFIGS = [
+    p
+    for p in shipped_configs()
+    if p.parent == ROOT / "configs" / "eval"
+    or (p.is_relative_to(ROOT / "experiments") and not is_fit_config(p))
+]
 DEMO_CONFIG = ROOT / "configs" / "demo" / "smollm2_135m.yaml"
 
 
@@ -35,9 +41,10 @@ def header_lines(path: Path) -> list[str]:
 def test_the_suites_are_found():
     names = {p.stem for p in EVAL_CONFIGS}
     assert {"default", "niah", "ruler", "code", "fidelity", "importance", "longbench"} <= names
+    assert {"full_evidence", "reach_far", "trained_distractors"} <= names  # the studies' evals
 
 
-@pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EVAL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_eval_config_parses_and_builds_its_tasks(path, capsys):
     relative = path.relative_to(ROOT)
     assert any(f"lkv eval --config {relative}" in line for line in header_lines(path)), "no exact command"

@@ -202,10 +202,10 @@ def test_evaluation_only_fact_formats_are_refused_for_training(tiny_corpus):
 
 @pytest.mark.slow
 def test_the_committed_full_evaluation_needles_are_drawn_again():
-    """configs/eval/full_evidence.yaml draws, sample for sample, the needles its committed rows were scored on
-    (same haystack documents, depths and values): a change to a task's random draws would otherwise pair new
-    prompts with old rows when a folder is resumed or copied (multi-needle families drew the window after the
-    other needles' depths, and once briefly the other way round)."""
+    """experiments/full_evidence/configs/full_evidence.yaml draws, sample for sample, the needles its committed
+    rows were scored on (same haystack documents, depths and values): a change to a task's random draws would
+    otherwise pair new prompts with old rows when a folder is resumed or copied (multi-needle families drew the
+    window after the other needles' depths, and once briefly the other way round)."""
     import json
     from pathlib import Path
 
@@ -214,7 +214,7 @@ def test_the_committed_full_evaluation_needles_are_drawn_again():
     from lkv.model.backbone import load_backbone
 
     root = Path(__file__).resolve().parents[2]
-    config = yaml.safe_load((root / "configs/eval/full_evidence.yaml").read_text())
+    config = yaml.safe_load((root / "experiments/full_evidence/configs/full_evidence.yaml").read_text())
     committed = {
         (row["task"], row["sample"]): row
         for row in map(json.loads, (root / "experiments/full_evidence/results/results.jsonl").open())

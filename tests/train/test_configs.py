@@ -1,4 +1,5 @@
-"""Every LightningCLI config under configs/ parses (`--print_config`) without loading any weights.
+"""Every LightningCLI config under configs/ and experiments/<study>/configs/ parses (`--print_config`) without
+loading any weights.
 
 Configs of the other verbs (configs/eval, configs/sweeps, configs/demo, and any YAML without a top-level
 ``model:`` or ``trainer:`` key) are parsed by their own verbs' tests. Files in configs/recipes/ are only
@@ -14,23 +15,17 @@ import yaml
 import lkv.train.module
 from lkv.cli import main as cli_main
 from lkv.train.cli import lightning_main, resolved_fit_config
+from tests.shipped_configs import ROOT, is_fit_config, shipped_configs
 
-ROOT = Path(__file__).resolve().parents[2]
 OTHER_VERBS = ("eval", "sweeps", "demo")
 RECIPES = ROOT / "configs" / "recipes"
 
 
 def lightning_configs() -> list[Path]:
-    found = []
-    for path in sorted((ROOT / "configs").glob("**/*.yaml")):
-        relative = path.relative_to(ROOT / "configs")
-        if relative.parts[0] in (*OTHER_VERBS, RECIPES.name):
-            continue
-        content = yaml.safe_load(path.read_text()) or {}
-        sections = {key.split(".", 1)[0] for key in content} if isinstance(content, dict) else set()
-        if {"model", "trainer"} & sections:
-            found.append(path)
-    return found
+    skipped = [ROOT / "configs" / folder for folder in (*OTHER_VERBS, RECIPES.name)]
+    return [
+        p for p in shipped_configs() if not any(p.is_relative_to(s) for s in skipped) and is_fit_config(p)
+    ]
 
 
 CONFIGS = lightning_configs()
@@ -39,6 +34,7 @@ CONFIGS = lightning_configs()
 def test_the_shipped_recipes_are_found():
     names = {p.name for p in CONFIGS}
     assert {"smollm2_135m.yaml", "llama3_8b.yaml", "qwen3_8b.yaml"} <= names
+    assert {"reach_gold_smollm2.yaml", "length_mix_smollm2.yaml"} <= names  # the studies' fits
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
