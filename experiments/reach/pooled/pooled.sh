@@ -8,7 +8,8 @@
 #                      the same FullKV answers), so the Oracle covers all 155 far needles;
 #   fresh_only.md    - only the two sets made after every setting but the sentence rules was fixed
 #                      (replica2_3k, fresh_5k: 70 far needles);
-#   keydiff_1k.md    - KeyDiff beside the full evaluation's module on its 51 1K needles;
+#   training_free.md - the five training-free methods beside the full evaluation's module (unpooled, as scored
+#                      there) on its needles (51 1K, 26 far, 21 near): KeyDiff keeps 22 of the 51 at C = 256;
 #   with_far4k.md    - the recipe with section 3's fresh 4K set added (far_gold_probe_gold, far_scaled: 12 far and
 #                      9 near FullKV-solved needles), left out of the pooled tables above;
 #   needles.md       - what the pooled needles are made of (haystacks, formats, lengths, the essay most windows
@@ -45,7 +46,8 @@ pool "${sets[@]}" experiments/length_mix/results/oracle_3k --alias "${aliases[@]
   --out $out/vs_oracle_all.md --methods oracle "${recipe[@]}"
 pool "${fresh[@]}" --alias "${aliases[@]}" --reference lookaheadkv:before --out $out/fresh_only.md \
   --methods oracle lookaheadkv:before "${recipe[@]}"
-pool experiments/full_evidence/results --reference lookaheadkv --out $out/keydiff_1k.md --methods lookaheadkv keydiff
+pool experiments/full_evidence/results --reference lookaheadkv --out $out/training_free.md \
+  --methods lookaheadkv snapkv pyramidkv streamingllm keydiff expected_attention
 pool "${sets[@]}" "$reach/far_gold_probe_gold" "$reach/far_scaled=sc" --alias "${aliases[@]}" \
   --reference lookaheadkv --out $out/with_far4k.md --methods "${recipe[@]}"
 pool "${sets[@]}" --alias "${aliases[@]}" --reference lookaheadkv --out $out/seeds_union.md \
