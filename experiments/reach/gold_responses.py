@@ -12,7 +12,7 @@ not the tokenizer's own tokenisation of its text, which `lkv label --responses` 
 tokens, cut to the same length); otherwise the fact's own sentence as it stands in the passage (e.g. "The
 special magic number for apple is 2283766.") and the end-of-turn token
 (:func:`lkv.labels.gold.reference_response`). `lkv label --responses` then teacher-forces these and labels the
-attention that a right answer pays to the prompt (experiments/reach/README.md, section 12). `lkv label
+attention that a right answer pays to the prompt (experiments/reach/sections/12_right_answers.md). `lkv label
 --gold_answers` does the same in one run, but keeps the labeller's own tokens where this file must retokenise
 (3 of the 48 prompts).
 """

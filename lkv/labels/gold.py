@@ -6,7 +6,7 @@ what the wrong answer attends to rather than the asked fact. Where a prompt carr
 (``Prompt.answer``), shown to the model, and the response does not contain it, a reference response is
 teacher-forced in its place: the sentence of the prompt that states the answer (``Prompt.meta["evidence"]``, which
 :class:`~lkv.labels.builtin_prompts.BuiltinPrompts` records for its facts), else the answer itself. Its labels
-are the attention that a right answer pays to the prompt (experiments/reach/README.md, section 12).
+are the attention that a right answer pays to the prompt (experiments/reach/sections/12_right_answers.md).
 """
 
 from __future__ import annotations
