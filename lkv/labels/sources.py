@@ -58,6 +58,9 @@ _POD_CODE = re.compile(r"([A-Z])<([^<>]*)>")
 _POD_ESCAPES = {"gt": ">", "lt": "<", "verbar": "|", "sol": "/"}
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 _HTML = re.compile(r"<[^>\n]+>")
+# A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter
+# (the packaged essays lost their paragraph breaks: "accelerating.We").
+_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")  # [text](target) → text; images → their alt text
 
 
@@ -68,6 +71,14 @@ def document_split(doc_id: str) -> Split:
     if share < DEFAULT_HELDOUT_FRACTION / 2:
         return "heldout"
     return "dev" if share < DEFAULT_HELDOUT_FRACTION else "train"
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of a prose text, whitespace collapsed."""
+    flat = " ".join(text.split())
+    bounds = [0, *(m.end() for m in _SENTENCE_END.finditer(flat)), len(flat)]
+    pieces = (flat[a:b].strip() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+    return [piece for piece in pieces if piece]
 
 
 @dataclass(frozen=True)
@@ -133,6 +144,21 @@ class TextSource(ABC):
         if doc_id not in self.handles:
             raise KeyError(f"text source {self.name} has no document {doc_id!r}")
         return Document(doc_id, self._read(self.handles[doc_id]))
+
+    def units(self, text: str) -> list[str]:
+        """A document cut into haystack units: sentences (whitespace collapsed), or lines each ending in a
+        newline."""
+        if self.unit == "sentence":
+            return split_sentences(text)
+        return [line + "\n" for line in text.splitlines()]
+
+    def as_unit(self, statement: str) -> str:
+        """A planted sentence as a unit of this source: itself, or a line written as ``needle_line`` says."""
+        return statement if self.unit == "sentence" else self.needle_line.format(statement) + "\n"
+
+    def join(self, units: list[str]) -> str:
+        """Units back into running text: sentences with spaces, lines as they are."""
+        return " ".join(units) if self.unit == "sentence" else "".join(units)
 
     def documents(self, split: Split) -> Iterator[Document]:
         """The documents of ``split`` with some text, in id order."""

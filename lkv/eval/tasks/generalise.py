@@ -38,7 +38,7 @@ from lkv.eval.paired import fullkv_solved
 from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
-from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for, split_sentences
+from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
 from lkv.labels.facts import distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 from lkv.labels.sources import HELDOUT_SOURCES, SOURCES, TextSource, make_source, source_roots
@@ -231,10 +231,10 @@ class GeneraliseTask(GeneratedTask):
         while any(v in text for v in values):  # a value must occur once in the prompt: its needle's
             values = distinct_values([fmt] * len(keys), rng)
         statements = [fmt.statement.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
-        needles = [_needle(source, s) for s in statements]
+        needles = [source.as_unit(s) for s in statements]
         depths = [rng.random() for _ in needles]
         body = insert_at_depths(window, needles, depths)
-        context = (" ".join(body) if source.unit == "sentence" else "".join(body)) + "\n\n"
+        context = source.join(body) + "\n\n"
         question = rng.choice(fmt.questions).format(key=keys[0])
         sample = Sample(
             id=f"{self.name}-{source.name}-{self.split}-{kind.name}-s{self.seed}-{index}",
@@ -268,18 +268,6 @@ class GeneraliseTask(GeneratedTask):
         return {"string_match": string_match_all(prediction, sample.answers)}
 
 
-def _needle(source: TextSource, statement: str) -> str:
-    """A fact as a unit of ``source``: the sentence itself, or a line as the source writes one."""
-    return statement if source.unit == "sentence" else source.needle_line.format(statement) + "\n"
-
-
-def _units(source: TextSource, text: str) -> list[str]:
-    """A document cut into haystack units: sentences, or lines each ending in a newline."""
-    if source.unit == "sentence":
-        return split_sentences(text)
-    return [line + "\n" for line in text.splitlines()]
-
-
 def _haystack(
     source: TextSource,
     doc_ids: list[str],
@@ -293,7 +281,7 @@ def _haystack(
     out: list[Sentence] = []
     total = 0
     for doc_id in rng.sample(doc_ids, len(doc_ids)):
-        units = _units(source, source.document(doc_id).text)
+        units = source.units(source.document(doc_id).text)
         start = rng.randrange(len(units)) if not out and units else 0
         for at in range(start, len(units), _BATCH):
             batch = units[at : at + _BATCH]

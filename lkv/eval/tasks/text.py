@@ -20,11 +20,8 @@ from typing import Any, TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
-from lkv.labels.sources import pydoc_prose
+from lkv.labels.sources import pydoc_prose, split_sentences
 
-# A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter
-# (the packaged essays lost their paragraph breaks: "accelerating.We").
-_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
 T = TypeVar("T")
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -34,14 +31,6 @@ def heldout_ids(doc_ids: list[str], heldout_fraction: float) -> list[str]:
     """The held-out documents among ``doc_ids``, sorted (the same split as the training prompts)."""
     _, heldout = split_by_document(doc_ids, heldout_fraction)
     return sorted(heldout)
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of a prose text, whitespace collapsed."""
-    flat = " ".join(text.split())
-    bounds = [0, *(m.end() for m in _SENTENCE_END.finditer(flat)), len(flat)]
-    pieces = (flat[a:b].strip() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-    return [piece for piece in pieces if piece]
 
 
 @dataclass
