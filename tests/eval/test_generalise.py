@@ -2,7 +2,6 @@
 the measured distance exact on the tokenised prompt, FullKV screening, and the experiment's configs."""
 
 import json
-import random
 import re
 from pathlib import Path
 
@@ -19,26 +18,6 @@ from lkv.labels.sources import document_split
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "experiments" / "generalise" / "configs").glob("*.yaml"))
-WORDS = ("harvest", "lantern", "orchard", "meadows", "granite", "thunder", "compass", "willows", "saffron")
-
-
-@pytest.fixture
-def roots(tmp_path) -> dict[str, str]:
-    """A dialogue (line units) and a copyright tree (sentence units) of 120 documents each."""
-    rng = random.Random(0)
-    dialogue = tmp_path / "dialogue"
-    dialogue.mkdir()
-    turns = "".join(
-        f"- - The {rng.choice(WORDS)} question {i} arrived.\n  - Then {rng.choice(WORDS)} answers came.\n"
-        for i in range(120)
-    )
-    (dialogue / "talk.yml").write_text(f"conversations:\n{turns}")
-    docs = tmp_path / "doc"
-    for i in range(120):
-        (docs / f"pkg{i}").mkdir(parents=True)
-        text = " ".join(f"The {rng.choice(WORDS)} clause {j} of package {i} applies." for j in range(20))
-        (docs / f"pkg{i}" / "copyright").write_text(text)
-    return {"chatterbot-dialogue": str(dialogue), "debian-copyright": str(docs)}
 
 
 def task(roots, **kwargs) -> GeneraliseTask:
@@ -52,8 +31,8 @@ def task(roots, **kwargs) -> GeneraliseTask:
     return GeneraliseTask(**{**settings, **kwargs})
 
 
-def test_measured_distance_is_the_token_distance_in_the_tokenised_prompt(roots, tiny_tokenizer):
-    samples = task(roots).samples(tiny_tokenizer)
+def test_measured_distance_is_the_token_distance_in_the_tokenised_prompt(source_roots, tiny_tokenizer):
+    samples = task(source_roots).samples(tiny_tokenizer)
     assert len(samples) == 2 * len(KINDS) and TASKS["generalise"] is GeneraliseTask
     for sample in samples:
         context, question = encode_sample(sample, tiny_tokenizer)
@@ -67,8 +46,8 @@ def test_measured_distance_is_the_token_distance_in_the_tokenised_prompt(roots, 
     assert len({s.meta["distance"] for s in samples}) > len(samples) // 2  # drawn, not a grid
 
 
-def test_every_kind_plants_its_answer_once_and_a_distractor_of_the_same_shape(roots, tiny_tokenizer):
-    samples = task(roots).samples(tiny_tokenizer)
+def test_every_kind_plants_its_answer_once_and_a_distractor_of_the_same_shape(source_roots, tiny_tokenizer):
+    samples = task(source_roots).samples(tiny_tokenizer)
     assert {s.meta["kind"] for s in samples} == set(KINDS)
     for sample in samples:
         kind = KINDS[sample.meta["kind"]]
@@ -85,13 +64,13 @@ def test_every_kind_plants_its_answer_once_and_a_distractor_of_the_same_shape(ro
         assert re.search(rf"\b{keys[0]}\b", sample.question)
         assert not any(re.search(rf"\b{key}\b", sample.question) for key in keys[1:])
         assert sample.meta["kind_side"] == fmt.side
-        assert task(roots).score(f"It is {value}.", sample) == {"string_match": 1.0}
-        assert task(roots).score("I do not know.", sample) == {"string_match": 0.0}
+        assert task(source_roots).score(f"It is {value}.", sample) == {"string_match": 1.0}
+        assert task(source_roots).score("I do not know.", sample) == {"string_match": 0.0}
 
 
-def test_haystacks_come_from_the_chosen_split_and_rows_name_their_source(roots, tiny_tokenizer):
+def test_haystacks_come_from_the_chosen_split_and_rows_name_their_source(source_roots, tiny_tokenizer):
     for split in ("dev", "heldout"):
-        samples = task(roots, split=split).samples(tiny_tokenizer)
+        samples = task(source_roots, split=split).samples(tiny_tokenizer)
         for sample in samples:
             assert sample.meta["split"] == split and sample.id.startswith(
                 f"generalise-{sample.meta['source']}"
@@ -105,14 +84,14 @@ def test_haystacks_come_from_the_chosen_split_and_rows_name_their_source(roots, 
             statement = fmt.statement.format(key=sample.meta["keys"][0], value=sample.answers[0])
             line = sample.meta["source"] == "chatterbot-dialogue"
             assert (f"A: {statement}\n" in sample.context) == line
-    again = task(roots).samples(tiny_tokenizer)
+    again = task(source_roots).samples(tiny_tokenizer)
     assert [(s.id, s.context) for s in again] == [
-        (s.id, s.context) for s in task(roots).samples(tiny_tokenizer)
+        (s.id, s.context) for s in task(source_roots).samples(tiny_tokenizer)
     ]
 
 
-def test_screening_keeps_the_first_candidates_fullkv_solved(roots, tiny_tokenizer, tmp_path):
-    candidates = task(roots, samples_per_source=2, oversample=3).samples(tiny_tokenizer)
+def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_tokenizer, tmp_path):
+    candidates = task(source_roots, samples_per_source=2, oversample=3).samples(tiny_tokenizer)
     assert len(candidates) == 12
     solved = {s.id for i, s in enumerate(candidates) if i % 3 != 1}
     rows = [
@@ -127,7 +106,7 @@ def test_screening_keeps_the_first_candidates_fullkv_solved(roots, tiny_tokenize
         for s in candidates
     ]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    screened = task(roots, samples_per_source=2, oversample=3, screened_by=str(tmp_path)).samples(
+    screened = task(source_roots, samples_per_source=2, oversample=3, screened_by=str(tmp_path)).samples(
         tiny_tokenizer
     )
     by_source = {}
@@ -136,9 +115,9 @@ def test_screening_keeps_the_first_candidates_fullkv_solved(roots, tiny_tokenize
             by_source.setdefault(sample.meta["source"], []).append(sample.id)
     assert [s.id for s in screened] == [i for ids in by_source.values() for i in ids[:2]]
     with pytest.raises(ValueError, match=r"no row of task 'generalise' in setting 'agnostic'"):
-        task(roots, screened_by=str(tmp_path), screen_setting="agnostic").samples(tiny_tokenizer)
+        task(source_roots, screened_by=str(tmp_path), screen_setting="agnostic").samples(tiny_tokenizer)
     with pytest.raises(FileNotFoundError, match=r"screened_by: no results.jsonl"):
-        task(roots, screened_by=str(tmp_path / "nothing")).samples(tiny_tokenizer)
+        task(source_roots, screened_by=str(tmp_path / "nothing")).samples(tiny_tokenizer)
 
 
 @pytest.mark.parametrize(

@@ -1,32 +1,19 @@
 """Training prompts over many sources: only in-group sources, only their train documents, only train facts."""
 
-import random
-
 import pytest
 
 from lkv.labels.source_prompts import SourcePrompts
 from lkv.labels.sources import HELDOUT_SOURCES, document_split
 
-WORDS = ("harvest", "lantern", "orchard", "meadows", "granite")
-
-
-@pytest.fixture
-def roots(tmp_path) -> dict[str, str]:
-    rng = random.Random(0)
-    dialogue = tmp_path / "dialogue"
-    dialogue.mkdir()
-    turns = "".join(f"- - The {rng.choice(WORDS)} question {i}.\n  - An answer {i}.\n" for i in range(60))
-    (dialogue / "talk.yml").write_text(f"conversations:\n{turns}")
-    docs = tmp_path / "doc"
-    for i in range(60):
-        (docs / f"pkg{i}").mkdir(parents=True)
-        text = " ".join(f"The {rng.choice(WORDS)} clause {j} of package {i} applies." for j in range(40))
-        (docs / f"pkg{i}" / "copyright").write_text(text)
-    return {"chatterbot-dialogue": str(dialogue), "debian-copyright": str(docs)}
-
 
 def make(roots, **kwargs) -> SourcePrompts:
-    settings = {"sources": tuple(roots), "num_prompts": 30, "min_words": 20, "max_words": 60, "roots": roots}
+    settings = {
+        "sources": tuple(roots),
+        "num_prompts": 30,
+        "min_words": 20,
+        "max_words": 60,
+        "roots": roots,
+    }
     return SourcePrompts(**{**settings, **kwargs})
 
 
@@ -44,9 +31,9 @@ def test_evaluation_only_and_heldout_kinds_are_refused(fmt):
         SourcePrompts(sources=("paul-graham-essays",), fact_formats=("serial_code", fmt))
 
 
-def test_prompts_come_from_train_documents_and_state_their_answer_once(roots):
-    prompts = list(make(roots))
-    assert len(prompts) == 30 and {p.source for p in prompts} == set(roots)
+def test_prompts_come_from_train_documents_and_state_their_answer_once(source_roots):
+    prompts = list(make(source_roots))
+    assert len(prompts) == 30 and {p.source for p in prompts} == set(source_roots)
     for prompt in prompts:
         content = prompt.messages[0]["content"]
         assert document_split(prompt.doc_id) == "train"
@@ -58,6 +45,6 @@ def test_prompts_come_from_train_documents_and_state_their_answer_once(roots):
         )
         if prompt.source == "chatterbot-dialogue":
             assert f"A: {prompt.meta['evidence']}\n" in content
-    longer = list(make(roots, num_prompts=40))
+    longer = list(make(source_roots, num_prompts=40))
     assert [p.id for p in longer[:30]] == [p.id for p in prompts]  # a longer run extends a shorter one
-    assert make(roots).extends(make(roots, num_prompts=10).describe())
+    assert make(source_roots).extends(make(source_roots, num_prompts=10).describe())
