@@ -108,8 +108,9 @@ def value_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, value: st
 class GeneraliseTask(GeneratedTask):
     """Needles of many kinds in haystacks of many text sources, at continuous lengths and measured distances.
 
-    Samples: per source, ``samples_per_source × oversample`` candidates (the kinds in turn), or with
-    ``screened_by`` the first ``samples_per_source`` of them that FullKV solved.
+    Samples: per source, ``samples_per_source × oversample`` candidates (the kinds in turn, from the
+    source's place in :data:`lkv.labels.sources.SOURCES` on), or with ``screened_by`` the first
+    ``samples_per_source`` of them that FullKV solved.
 
     Args:
         sources: text sources (:data:`lkv.labels.sources.SOURCES`); default: all of them.
@@ -217,7 +218,9 @@ class GeneraliseTask(GeneratedTask):
     def _sample(
         self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
     ) -> Sample:
-        kind = KINDS[self.kinds[index % len(self.kinds)]]
+        # the kinds in turn, each source starting at its own place in the list: a few samples per source
+        # still cover every kind across the sources
+        kind = KINDS[self.kinds[(index + list(SOURCES).index(source.name)) % len(self.kinds)]]
         fmt = fact_format(kind.format)
         rng = rng_for(self.name, source.name, self.split, kind.name, self.seed, index)
         target = rng.randint(self.min_length, self.max_length)
