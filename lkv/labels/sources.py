@@ -111,11 +111,11 @@ class TextSource(ABC):
         self._handles: dict[str, Any] | None = None
 
     @abstractmethod
-    def _default_root(self) -> Path:
-        """Where the documents are on this machine."""
+    def _default_root(self) -> Path | None:
+        """Where the documents are on this machine (None: the source finds them itself)."""
 
     @abstractmethod
-    def _index(self, root: Path) -> dict[str, Any]:
+    def _index(self, root: Path | None) -> dict[str, Any]:
         """Doc id → what :meth:`_read` needs to read it."""
 
     @abstractmethod
@@ -126,7 +126,7 @@ class TextSource(ABC):
     def handles(self) -> dict[str, Any]:
         if self._handles is None:
             root = self.root if self.root is not None else self._default_root()
-            if not root.exists():
+            if root is not None and not root.exists():
                 raise FileNotFoundError(f"text source {self.name}: no such folder {root}")
             self._handles = self._index(root)
             if not self._handles:
@@ -293,11 +293,11 @@ class PackageReadmes(TextSource):
     name = "package-readmes"
     kind = "reference"
 
-    def _default_root(self) -> Path:
-        return Path("/")  # exists; _index then reads sys.path
+    def _default_root(self) -> None:
+        return None  # every folder on sys.path
 
-    def _index(self, root: Path) -> dict[str, Any]:
-        found = importlib.metadata.distributions(**({} if self.root is None else {"path": [str(root)]}))
+    def _index(self, root: Path | None) -> dict[str, Any]:
+        found = importlib.metadata.distributions(**({} if root is None else {"path": [str(root)]}))
         out: dict[str, Any] = {}
         for dist in found:
             name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
@@ -374,16 +374,16 @@ def pydoc_prose() -> dict[str, str]:
 
 
 class PydocTopics(TextSource):
-    """:func:`pydoc_prose`: the language reference's technical prose. The root is not used."""
+    """:func:`pydoc_prose`: the language reference's technical prose (a ``root`` is not used)."""
 
     name = PYDOC_SOURCE
     kind = "reference"
     group = "out"
 
-    def _default_root(self) -> Path:
-        return assets.stdlib_dir()
+    def _default_root(self) -> None:
+        return None  # the running interpreter's pydoc_data
 
-    def _index(self, root: Path) -> dict[str, Any]:
+    def _index(self, root: Path | None) -> dict[str, Any]:
         return pydoc_prose()
 
     def _read(self, handle: str) -> str:

@@ -110,7 +110,7 @@ class GeneraliseTask(GeneratedTask):
 
     Samples: per source, ``samples_per_source × oversample`` candidates (the kinds in turn, from the
     source's place in :data:`lkv.labels.sources.SOURCES` on), or with ``screened_by`` the first
-    ``samples_per_source`` of them that FullKV solved.
+    ``samples_per_source`` of them that FullKV solved (fewer where FullKV solved fewer: rows count them).
 
     Args:
         sources: text sources (:data:`lkv.labels.sources.SOURCES`); default: all of them.
