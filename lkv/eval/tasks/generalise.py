@@ -82,10 +82,10 @@ def distance_bin(distance: int) -> str:
 
 
 def value_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, value: str) -> tuple[int, int]:
-    """``(prompt_tokens, distance)``: the prompt's length as :func:`encode_sample` tokenises it, and the
-    number of its tokens after the one that holds ``value``'s last character (``value`` sits once in the
-    context). The shortest prefix of the prompt whose text contains ``value`` is ``prompt_tokens -
-    distance`` tokens long.
+    """``(prompt_tokens, distance)``: the prompt's length as :func:`encode_sample` tokenises it (chat template
+    rendered with ``enable_thinking`` off, ``lkv eval``'s default), and the number of its tokens after the
+    one that holds ``value``'s last character (``value`` sits once in the context). The shortest prefix of
+    the prompt whose text contains ``value`` is ``prompt_tokens - distance`` tokens long.
 
     Raises:
         ValueError: ``value`` is not in the context exactly once.
