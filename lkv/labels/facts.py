@@ -26,6 +26,14 @@ TRAIN_KEYS = (
     "apple", "harbor", "violet", "granite", "falcon", "meadow", "copper", "lantern", "orchid", "glacier",
     "saffron", "thunder", "willow", "compass", "ember", "quartz", "juniper", "cobalt", "maple", "nebula",
 )  # fmt: skip
+#: Keys of the many-source evaluation (:mod:`lkv.eval.tasks.generalise`): invented place names, so "the
+#: Hollowmere bridge" reads as a name whatever the haystack; no training prompt uses them.
+EVAL_KEYS = (
+    "Aldermoor", "Brackenridge", "Calloway", "Dunmore", "Eastwick", "Fairhaven", "Glenrock", "Hollowmere",
+    "Ironvale", "Kingsbury", "Larkspur", "Marlowe", "Northgate", "Oakhurst", "Pembrook", "Quarrydale",
+    "Redcliffe", "Stonebridge", "Thornbury", "Umberfield", "Westmarch", "Yarrowby", "Ashcombe", "Birchwood",
+    "Coldwater", "Drayton", "Elmstead", "Foxley", "Greywell", "Hartland", "Kestrelholm", "Lowther",
+)  # fmt: skip
 _MONTHS = (
     "January", "February", "March", "April", "May", "June",
     "July", "August", "September", "October", "November", "December",

@@ -3,9 +3,9 @@
 Each sample draws a prompt length uniformly over ``[min_length, max_length]`` tokens, fills a haystack to it
 with consecutive units (sentences or lines) of documents drawn from one source's ``dev`` (or ``heldout``)
 split (:mod:`lkv.labels.sources`; never its ``train`` documents; a split holding fewer tokens gives all of
-it), and plants one fact of a kind
-(:data:`KINDS`) at a token position drawn uniformly over the haystack (moved to the nearest unit boundary).
-A *distractor* kind plants a second fact of the same format with another key and value; the question asks
+it), and plants one fact of a kind (:data:`KINDS`, keyed by a name of :data:`lkv.labels.facts.EVAL_KEYS`)
+at a token position drawn uniformly over the haystack (moved to the nearest unit boundary). A *distractor*
+kind plants a second fact of the same format with another key and value; the question asks
 for the first. The prompt is the haystack, then the question, in one user turn; the score is RULER's
 ``string_match_all``.
 
@@ -26,7 +26,6 @@ kind, seed and candidate index, so the screened samples are exactly the screenin
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,13 +38,12 @@ from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
-from lkv.labels.facts import distinct_values, fact_format
+from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 from lkv.labels.sources import HELDOUT_SOURCES, SOURCES, TextSource, make_source, source_roots
 
 FAR = 1536  # measured distance (tokens) from which a needle counts as far
 NEAR = 1024  # ... up to which it counts as near
-_KEY = re.compile(r"\b[a-z]{6,12}\b")
 _BATCH = 64  # units tokenised at a time while a haystack grows
 
 
@@ -229,7 +227,7 @@ class GeneraliseTask(GeneratedTask):
         if not window:
             raise ValueError(f"text source {source.name}: no text on its {self.split!r} split")
         text = "".join(u.text for u in window)
-        keys = rng.sample(sorted(set(_KEY.findall(text))), 1 + kind.distractors)
+        keys = rng.sample(EVAL_KEYS, 1 + kind.distractors)
         values = distinct_values([fmt] * len(keys), rng)
         while any(v in text for v in values):  # a value must occur once in the prompt: its needle's
             values = distinct_values([fmt] * len(keys), rng)
