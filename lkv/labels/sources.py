@@ -124,6 +124,7 @@ class TextSource(ABC):
 
     @property
     def handles(self) -> dict[str, Any]:
+        """Doc id → handle of every document, indexed on first use."""
         if self._handles is None:
             root = self.root if self.root is not None else self._default_root()
             if root is not None and not root.exists():

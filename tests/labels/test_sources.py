@@ -79,6 +79,8 @@ def test_dialogue_documents_are_conversations_with_alternating_speakers(tmp_path
         "A: Hello number 3, how is the weather today?\nB: It is sunny and warm.\nA: 3\n"
     )
     assert sorted(d for split in SPLITS for d in source.doc_ids(split)) == ids
+    dev = list(source.documents("dev"))
+    assert [d.id for d in dev] == source.doc_ids("dev") and all(d.text.startswith("A: Hello") for d in dev)
     (tmp_path / "d" / "bad.yml").write_text("conversations: {a: 1}\n")
     with pytest.raises(ValueError, match=r"bad.yml: expected a list under 'conversations'"):
         make_source("chatterbot-dialogue", tmp_path / "d").doc_ids()
