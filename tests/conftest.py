@@ -325,3 +325,36 @@ def tiny_needle_task(corpus: tuple[Path, Path], **kwargs) -> NeedleTask:
     """A 60-token needle task over ``tiny_corpus``'s held-out essays; ``kwargs`` override its settings."""
     settings = {"lengths": (60,), "depths": (0.5,), "max_new_tokens": 3, "essays_dir": str(corpus[0])}
     return NeedleTask(heldout_fraction=TINY_HELDOUT, **{**settings, **kwargs})
+
+
+@pytest.fixture
+def source_roots(tmp_path: Path) -> dict[str, str]:
+    """Roots of two text sources (``lkv.labels.sources``) of 120 documents each: a dialogue (line units) and a
+    tree of copyright files (sentence units, 20 sentences each), words drawn from a short list."""
+    import random
+
+    words = (
+        "harvest",
+        "lantern",
+        "orchard",
+        "meadows",
+        "granite",
+        "thunder",
+        "compass",
+        "willows",
+        "saffron",
+    )
+    rng = random.Random(0)
+    dialogue = tmp_path / "dialogue"
+    dialogue.mkdir()
+    turns = "".join(
+        f"- - The {rng.choice(words)} question {i} arrived.\n  - Then {rng.choice(words)} answers came.\n"
+        for i in range(120)
+    )
+    (dialogue / "talk.yml").write_text(f"conversations:\n{turns}")
+    docs = tmp_path / "doc"
+    for i in range(120):
+        (docs / f"pkg{i}").mkdir(parents=True)
+        text = " ".join(f"The {rng.choice(words)} clause {j} of package {i} applies." for j in range(20))
+        (docs / f"pkg{i}" / "copyright").write_text(text)
+    return {"chatterbot-dialogue": str(dialogue), "debian-copyright": str(docs)}

@@ -44,6 +44,17 @@ def _cells(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str], di
     return cells
 
 
+def fullkv_solved(rows: Sequence[dict[str, Any]], task: str, setting: str) -> set[str]:
+    """Samples of ``task`` in ``setting`` that FullKV answered right (score 1): the *solved* samples on which
+    the paired comparisons count what a method *kept*, and what a screened task keeps (a needle the
+    full-cache model cannot retrieve measures the model, not the eviction)."""
+    return _solved(_cells(rows).get((task, setting, REFERENCE, FULL), {}))
+
+
+def _solved(full: dict[str, float]) -> set[str]:
+    return {sample for sample, score in full.items() if score == 1.0}
+
+
 def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 0) -> PairedResult | None:
     """The paired test of two {sample id: score} maps on their common samples; None if they share none."""
     common = sorted(set(mine) & set(other))
@@ -99,7 +110,7 @@ def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[di
                     "significant": result.significant,
                 }
                 if reference == REFERENCE and is_binary(list(full.values())):
-                    solved = [s for s, v in full.items() if v == 1.0 and s in mine]
+                    solved = [s for s in _solved(full) if s in mine]
                     entry["solved"] = len(solved)
                     entry["kept"] = sum(mine[s] == 1.0 for s in solved)
                 out.append(entry)

@@ -1,10 +1,13 @@
 """Synthetic facts ("needles"): a statement hidden in a passage and the questions that ask for it.
 
-Each :class:`FactFormat` belongs to one side. ``train`` formats are what the built-in training prompts
-(``find_value``) insert; ``eval`` formats — other fact kinds (passphrases, dates, person names, codes with
-letters) and other question wordings — appear only in evaluation, so an evaluation on them measures
-whether a lookahead module learned retrieval rather than the training format. :func:`formats` hands out
-one side; a test checks that no ``eval`` statement or question is used by a training prompt.
+Each :class:`FactFormat` belongs to one side. ``train`` formats are what training prompts (``find_value``)
+may insert; ``eval`` formats — other fact kinds (passphrases, dates, person names, codes with letters, a
+number with its unit) and other question wordings — appear only in evaluation, so an evaluation on them
+measures whether a lookahead module learned retrieval rather than the training format. ``heldout`` formats
+(multi-token personal names, badge codes) are evaluation-only too and, unlike ``eval`` ones, are never a
+candidate for a training mix: a training lever chosen by looking at ``eval`` kinds is checked on them once.
+:func:`formats` hands out one side; tests check that no training prompt uses an ``eval`` or ``heldout``
+statement or question, and that training prompt sources refuse both sides.
 """
 
 from __future__ import annotations
@@ -15,12 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-Side = Literal["train", "eval"]
+Side = Literal["train", "eval", "heldout"]
+SIDES: tuple[Side, ...] = ("train", "eval", "heldout")
 
 #: Keys of the training prompts' facts; in-distribution needles reuse them, others take haystack words.
 TRAIN_KEYS = (
     "apple", "harbor", "violet", "granite", "falcon", "meadow", "copper", "lantern", "orchid", "glacier",
     "saffron", "thunder", "willow", "compass", "ember", "quartz", "juniper", "cobalt", "maple", "nebula",
+)  # fmt: skip
+#: Keys of the many-source evaluation (:mod:`lkv.eval.tasks.generalise`): invented place names, so "the
+#: Hollowmere bridge" reads as a name whatever the haystack; no training prompt uses them.
+EVAL_KEYS = (
+    "Aldermoor", "Brackenridge", "Calloway", "Dunmore", "Eastwick", "Fairhaven", "Glenrock", "Hollowmere",
+    "Ironvale", "Kingsbury", "Larkspur", "Marlowe", "Northgate", "Oakhurst", "Pembrook", "Quarrydale",
+    "Redcliffe", "Stonebridge", "Thornbury", "Umberfield", "Westmarch", "Yarrowby", "Ashcombe", "Birchwood",
+    "Coldwater", "Drayton", "Elmstead", "Foxley", "Greywell", "Hartland", "Kestrelholm", "Lowther",
 )  # fmt: skip
 _MONTHS = (
     "January", "February", "March", "April", "May", "June",
@@ -71,6 +83,16 @@ _FOODS = (
     "chestnut",
 )
 _CODE_LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no I/O: read as 1/0
+_UNITS = ("kilograms", "litres", "millimetres", "kilowatts", "volts", "hectares", "newtons", "kilopascals")
+# Held-out personal names: pools shared with no other format, so a module never met any of their words.
+_HELDOUT_FIRST = (
+    "Ottilie", "Bartholomew", "Svetlana", "Cornelius", "Ngozi", "Evander", "Marisol", "Leopold",
+    "Annika", "Thaddeus", "Zainab", "Percival", "Giulia", "Augustin", "Saoirse", "Casimir",
+)  # fmt: skip
+_HELDOUT_LAST = (
+    "Vandermeer", "Okafor", "Szymanski", "Achterberg", "Fitzgerald", "Moreau", "Iwasaki", "Lindgren",
+    "Valdivia", "Pemberton", "Kazantzakis", "Oyelaran", "Whitcombe", "Brannigan", "Esterhazy", "Tanaka",
+)  # fmt: skip
 
 
 def number_value(rng: random.Random) -> str:
@@ -121,6 +143,40 @@ def clock_value(rng: random.Random) -> str:
     return f"{rng.randint(1, 12)}:{rng.randrange(0, 60, 5):02d} {rng.choice(('am', 'pm'))}"
 
 
+def serial_code_value(rng: random.Random) -> str:
+    """Two groups of four alternating digits and letters, e.g. ``7K2Q-X9R4`` (no run of letters reads as a
+    word)."""
+
+    def group() -> str:
+        pools = [string.digits, _CODE_LETTERS]
+        first = rng.randrange(2)
+        return "".join(rng.choice(pools[(first + i) % 2]) for i in range(4))
+
+    return f"{group()}-{group()}"
+
+
+def iso_date_value(rng: random.Random) -> str:
+    """A date in ISO form, e.g. ``2031-07-14`` (digits only: no month word, unlike :func:`date_value`)."""
+    return f"{rng.randint(1950, 2049)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+
+
+def measurement_value(rng: random.Random) -> str:
+    """A number with one decimal and a unit written out, e.g. ``48.5 kilowatts``."""
+    return f"{rng.randint(2, 999)}.{rng.randint(0, 9)} {rng.choice(_UNITS)}"
+
+
+def contact_name_value(rng: random.Random) -> str:
+    """A first name, a middle initial and a last name, e.g. ``Ottilie R. Vandermeer`` (several tokens)."""
+    return f"{rng.choice(_HELDOUT_FIRST)} {rng.choice(_CODE_LETTERS)}. {rng.choice(_HELDOUT_LAST)}"
+
+
+def badge_code_value(rng: random.Random) -> str:
+    """Letter, digit, two letters, a hyphen, two digits and a letter, e.g. ``H4PW-28K``."""
+    letters, digits = _CODE_LETTERS, string.digits
+    head = rng.choice(letters) + rng.choice(digits) + rng.choice(letters) + rng.choice(letters)
+    return f"{head}-{rng.choice(digits)}{rng.choice(digits)}{rng.choice(letters)}"
+
+
 @dataclass(frozen=True)
 class FactFormat:
     """One kind of fact: a statement with ``{key}`` and ``{value}`` slots and the questions asking for it.
@@ -130,7 +186,8 @@ class FactFormat:
         statement: the sentence inserted into the passage.
         questions: questions with a ``{key}`` slot; the answer is the value.
         value: draws a value.
-        side: ``train`` (training prompts may insert it) or ``eval`` (evaluation only).
+        side: ``train`` (training prompts may insert it), ``eval`` (evaluation only) or ``heldout``
+            (evaluation only, and never a candidate for a training mix).
     """
 
     name: str
@@ -278,13 +335,69 @@ FACT_FORMATS: tuple[FactFormat, ...] = (
         number_value,
         "eval",
     ),
+    # --- kinds for many-source evaluation (lkv.eval.tasks.generalise); two may train, the rest never ---
+    FactFormat(
+        "serial_code",
+        "The serial number stamped on the {key} unit is {value}.",
+        (
+            "What is the serial number stamped on the {key} unit?",
+            "Which serial number does the text give for the {key} unit?",
+            "Read off the serial number of the {key} unit from the passage.",
+        ),
+        serial_code_value,
+        "train",
+    ),
+    FactFormat(
+        "iso_date",
+        "The inspection of the {key} bridge is scheduled for {value}.",
+        (
+            "For which date is the inspection of the {key} bridge scheduled?",
+            "When is the {key} bridge due for inspection? Give the date as written.",
+            "What date does the passage give for the {key} bridge inspection?",
+        ),
+        iso_date_value,
+        "train",
+    ),
+    FactFormat(
+        "measurement",
+        "The last reading of the {key} gauge was {value}.",
+        (
+            "What was the last reading of the {key} gauge? Give the number and its unit.",
+            "How much did the {key} gauge show last time, according to the text?",
+            "Report the {key} gauge's last reading, with the unit.",
+        ),
+        measurement_value,
+        "eval",
+    ),
+    FactFormat(
+        "contact_name",
+        "The emergency contact for the {key} expedition is {value}.",
+        (
+            "Who is the emergency contact for the {key} expedition?",
+            "Give the full name of the {key} expedition's emergency contact.",
+            "Whom should one call in an emergency on the {key} expedition, according to the passage?",
+        ),
+        contact_name_value,
+        "heldout",
+    ),
+    FactFormat(
+        "badge_code",
+        "The visitor badge issued to the {key} delegation carries the code {value}.",
+        (
+            "What code does the visitor badge of the {key} delegation carry?",
+            "Which badge code was issued to the {key} delegation?",
+            "Find the code on the {key} delegation's visitor badge.",
+        ),
+        badge_code_value,
+        "heldout",
+    ),
 )
 
 
 def formats(side: Side) -> tuple[FactFormat, ...]:
-    """The fact formats of one side (``train`` or ``eval``)."""
-    if side not in ("train", "eval"):
-        raise ValueError(f"side must be 'train' or 'eval', got {side!r}")
+    """The fact formats of one side (``train``, ``eval`` or ``heldout``)."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
     return tuple(f for f in FACT_FORMATS if f.side == side)
 
 
@@ -294,3 +407,15 @@ def fact_format(name: str) -> FactFormat:
         if fmt.name == name:
             return fmt
     raise ValueError(f"unknown fact format {name!r}; choose one of {', '.join(f.name for f in FACT_FORMATS)}")
+
+
+def distinct_values(chosen: list[FactFormat], rng: random.Random) -> list[str]:
+    """One value per fact, each drawn by its format, all different (a distractor must not share the asked
+    value)."""
+    values: list[str] = []
+    for fmt in chosen:
+        value = fmt.value(rng)
+        while value in values:
+            value = fmt.value(rng)
+        values.append(value)
+    return values

@@ -110,9 +110,15 @@ def split_by_document(
     train: set[str] = set()
     heldout: set[str] = set()
     for doc_id in doc_ids:
-        digest = hashlib.sha256(f"{salt}\0{doc_id}".encode()).digest()
-        (heldout if int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction else train).add(doc_id)
+        (heldout if document_share(doc_id, salt) < heldout_fraction else train).add(doc_id)
     return train, heldout
+
+
+def document_share(doc_id: str, salt: str = "lkv") -> float:
+    """A number in ``[0, 1)`` fixed by a hash of ``salt`` and ``doc_id``: a document is held out when it is
+    below the held-out fraction (:func:`split_by_document`; :func:`lkv.labels.sources.document_split`)."""
+    digest = hashlib.sha256(f"{salt}\0{doc_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
 
 
 def essay_documents(root: str | Path | None = None) -> dict[str, Path]:

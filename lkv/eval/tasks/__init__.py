@@ -10,6 +10,7 @@ from lkv.eval.tasks.base import Benchmark, Sample, Task, encode_sample
 from lkv.eval.tasks.code import CodeCompletionTask
 from lkv.eval.tasks.code_lookup import CodeLookupTask
 from lkv.eval.tasks.fidelity import FidelityTask
+from lkv.eval.tasks.generalise import GeneraliseTask
 from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
 from lkv.eval.tasks.needle import NeedleTask
@@ -25,6 +26,7 @@ TASKS: dict[str, type[Benchmark]] = {
     "code": CodeCompletionTask,
     "code_lookup": CodeLookupTask,
     "fidelity": FidelityTask,
+    "generalise": GeneraliseTask,
     "importance": ImportanceTask,
     "longbench": LongBenchTask,
 }
@@ -45,6 +47,7 @@ __all__ = [
     "CodeCompletionTask",
     "CodeLookupTask",
     "FidelityTask",
+    "GeneraliseTask",
     "ImportanceTask",
     "LongBenchTask",
     "NeedleFamilyTask",

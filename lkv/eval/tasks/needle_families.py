@@ -7,7 +7,7 @@ prompts: a ``train`` fact format asked with its own questions, one needle, keys 
 list, in (held-out) essay text. Everything else is **out-of-distribution**: ``eval`` fact formats (passphrases,
 dates, names, letter codes, reworded questions), several needles, distractor needles with other keys, keys
 drawn from the haystack's own words, and the ``pydoc`` haystack (the language reference's prose,
-:func:`lkv.eval.tasks.text.pydoc_prose`). A task holds one side only — ``needle_id`` or ``needle_ood`` —
+:func:`lkv.labels.sources.pydoc_prose`). A task holds one side only — ``needle_id`` or ``needle_ood`` —
 so reports keep the two apart; each row's ``meta`` names its family, haystack and distribution.
 
 The prompt is the haystack, then the question, in one user turn (as the training prompts put it, with no
@@ -16,7 +16,6 @@ answer prefix); the score is RULER's ``string_match_all`` over the asked values.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import HeldoutEssays, PydocProse, SentenceCorpus, insert_at_depths, rng_for
-from lkv.labels.facts import TRAIN_KEYS, FactFormat, fact_format, formats
+from lkv.labels.facts import TRAIN_KEYS, distinct_values, fact_format, formats
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 
 Distribution = Literal["in", "out"]
@@ -204,7 +203,7 @@ class NeedleFamilyTask(GeneratedTask):
         # In-distribution keys come from the training prompts' key list; others from the haystack's words.
         key_pool = TRAIN_KEYS if family.trained and self.distribution == "in" else corpus.words
         keys = rng.sample(key_pool, family.needles)
-        values = _distinct_values(chosen, rng)
+        values = distinct_values(chosen, rng)
         needles = [f.statement.format(key=k, value=v) for f, k, v in zip(chosen, keys, values, strict=True)]
         # the other needles' depths are drawn before the window, as they always were: a seed keeps its samples
         others = [rng.random() for _ in range(family.needles - 1)]
@@ -245,14 +244,3 @@ class NeedleFamilyTask(GeneratedTask):
 
     def score(self, prediction: str, sample: Sample, reference: str | None = None) -> dict[str, float]:
         return {"string_match": string_match_all(prediction, sample.answers)}
-
-
-def _distinct_values(chosen: list[FactFormat], rng: random.Random) -> list[str]:
-    """One value per needle, all different (a distractor must not share the asked value)."""
-    values: list[str] = []
-    for fmt in chosen:
-        value = fmt.value(rng)
-        while value in values:
-            value = fmt.value(rng)
-        values.append(value)
-    return values

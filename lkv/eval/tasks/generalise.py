@@ -1,0 +1,296 @@
+"""A development signal for generalisation: needles of many fact kinds in haystacks of many text sources.
+
+Each sample draws a prompt length uniformly over ``[min_length, max_length]`` tokens, fills a haystack to it
+with consecutive units (sentences or lines) of documents drawn from one source's ``dev`` (or ``heldout``)
+split (:mod:`lkv.labels.sources`; never its ``train`` documents; a split holding fewer tokens gives all of
+it), and plants one fact of a kind (:data:`KINDS`, keyed by a name of :data:`lkv.labels.facts.EVAL_KEYS`)
+at a token position drawn uniformly over the haystack (moved to the nearest unit boundary). A *distractor*
+kind plants a second fact of the same format with another key and value; the question asks
+for the first. The prompt is the haystack, then the question, in one user turn; the score is RULER's
+``string_match_all``.
+
+Each row's ``meta`` records the source, its group (``in-source``: sources training may use;
+``out-of-source``: :data:`lkv.labels.sources.HELDOUT_SOURCES`), the fact kind and its side
+(:mod:`lkv.labels.facts`), the measured prompt length and the **measured distance**: the prompt tokens after
+the token that holds the asked value's last character, counted on the tokenised prompt (:func:`value_distance`),
+with its bin: ``far`` (≥ 1536), ``near`` (≤ 1024) or ``mid``.
+
+Screening by FullKV (``screened_by``): a needle the full-cache model cannot retrieve measures the model, not
+the eviction. The rule: run the task once with FullKV alone and ``oversample = k`` (``k × samples_per_source``
+candidates per source); then give that run's folder as ``screened_by``: each source keeps its first
+``samples_per_source`` candidates that FullKV answered right (:func:`lkv.eval.paired.fullkv_solved`, the
+*solved* samples of the paired comparisons), in candidate order. Sample ids depend only on the source, split,
+kind, seed and candidate index, so the screened samples are exactly the screening run's prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from lkv.core.chat import chat_parts
+from lkv.eval.paired import fullkv_solved
+from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
+from lkv.eval.tasks.metrics import string_match_all
+from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
+from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
+from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+from lkv.labels.sources import HELDOUT_SOURCES, SOURCES, TextSource, make_source, source_roots
+
+FAR = 1536  # measured distance (tokens) from which a needle counts as far
+NEAR = 1024  # ... up to which it counts as near
+_BATCH = 64  # units tokenised at a time while a haystack grows
+
+
+@dataclass(frozen=True)
+class NeedleKind:
+    """A fact kind of this task: a fact format (:mod:`lkv.labels.facts`) and how many distractors (facts of
+    the same format with other keys and values) sit beside the asked one."""
+
+    name: str
+    format: str
+    distractors: int = 0
+
+
+KINDS: dict[str, NeedleKind] = {
+    k.name: k
+    for k in (
+        NeedleKind("serial_code", "serial_code"),
+        NeedleKind("iso_date", "iso_date"),
+        NeedleKind("measurement", "measurement"),
+        NeedleKind("date", "date"),
+        NeedleKind("contact_name", "contact_name"),
+        NeedleKind("badge_code", "badge_code"),
+        # a code beside a distractor of the same shape: two facts of one format with different keys
+        NeedleKind("badge_code_pair", "badge_code", distractors=1),
+        NeedleKind("magic_number", "magic_number"),  # the training fact, as the in-distribution anchor
+    )
+}
+DEFAULT_KINDS = tuple(KINDS)
+
+
+def distance_bin(distance: int) -> str:
+    """``far`` (≥ :data:`FAR` tokens), ``near`` (≤ :data:`NEAR`) or ``mid``."""
+    return "far" if distance >= FAR else "near" if distance <= NEAR else "mid"
+
+
+def value_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, value: str) -> tuple[int, int]:
+    """``(prompt_tokens, distance)``: the prompt's length as :func:`encode_sample` tokenises it (chat template
+    rendered with ``enable_thinking`` off, ``lkv eval``'s default), and the number of its tokens after the
+    one that holds ``value``'s last character (``value`` sits once in the context). The shortest prefix of
+    the prompt whose text contains ``value`` is ``prompt_tokens - distance`` tokens long.
+
+    Raises:
+        ValueError: ``value`` is not in the context exactly once.
+    """
+    if sample.context.count(value) != 1:
+        raise ValueError(f"sample {sample.id}: {value!r} must occur once in the context")
+    context_ids, question_ids = encode_sample(sample, tokenizer)
+    prefix = chat_parts(tokenizer, False)[0] if sample.chat else ""
+    encoded = tokenizer(
+        prefix + sample.context, add_special_tokens=not sample.chat, return_offsets_mapping=True
+    )
+    if list(encoded["input_ids"]) != context_ids:
+        raise ValueError(f"sample {sample.id}: the context tokenises differently with offsets")
+    end = len(prefix) + sample.context.index(value) + len(value)  # one past the value's last character
+    last = max(i for i, (start, stop) in enumerate(encoded["offset_mapping"]) if start < end and stop > start)
+    total = len(context_ids) + len(question_ids)
+    return total, total - (last + 1)
+
+
+class GeneraliseTask(GeneratedTask):
+    """Needles of many kinds in haystacks of many text sources, at continuous lengths and measured distances.
+
+    Samples: per source, ``samples_per_source × oversample`` candidates (the kinds in turn, from the
+    source's place in :data:`lkv.labels.sources.SOURCES` on), or with ``screened_by`` the first
+    ``samples_per_source`` of them that FullKV solved (fewer where FullKV solved fewer: rows count them).
+
+    Args:
+        sources: text sources (:data:`lkv.labels.sources.SOURCES`); default: all of them.
+        kinds: fact kinds (:data:`KINDS`); default: all of them.
+        split: the sources' documents to draw from: ``dev`` (the development signal) or ``heldout``.
+        samples_per_source: samples per source.
+        oversample: candidates per needed sample (``k`` of the screening rule).
+        min_length: shortest prompt in tokens (lengths are drawn uniformly between the two).
+        max_length: longest prompt in tokens.
+        answer_slack: tokens generated beyond the asked value's own length.
+        screened_by: an ``lkv eval`` folder (or its ``results.jsonl``) of this task with FullKV; keep only
+            candidates FullKV answered right.
+        screen_setting: the setting whose FullKV answers screen (``aware`` or ``agnostic``).
+        seed: base seed.
+        roots: source name → folder to read it from instead of its usual place (tests, other machines).
+    """
+
+    name = "generalise"
+    metric = "string_match"
+    settles_at_full_score = True  # string_match_all: a found value stays found
+
+    def __init__(
+        self,
+        sources: tuple[str, ...] | None = None,
+        kinds: tuple[str, ...] | None = None,
+        split: Literal["dev", "heldout"] = "dev",
+        samples_per_source: int = 8,
+        oversample: int = 1,
+        min_length: int = 1024,
+        max_length: int = 7680,
+        answer_slack: int = 16,
+        screened_by: str | None = None,
+        screen_setting: Literal["aware", "agnostic"] = "aware",
+        seed: int = 0,
+        roots: dict[str, str] | None = None,
+    ) -> None:
+        sources = tuple(sources or SOURCES)
+        kinds = tuple(kinds or DEFAULT_KINDS)
+        unknown = [s for s in sources if s not in SOURCES]
+        if unknown or not sources:
+            raise ValueError(f"sources: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
+        bad_kinds = [k for k in kinds if k not in KINDS]
+        if bad_kinds or not kinds:
+            raise ValueError(f"kinds: unknown fact kinds {bad_kinds}; choose from {', '.join(KINDS)}")
+        if split not in ("dev", "heldout"):
+            raise ValueError(
+                f"split must be 'dev' or 'heldout' (never a source's train documents), got {split!r}"
+            )
+        if not 0 < min_length <= max_length:
+            raise ValueError(f"need 0 < min_length ≤ max_length, got {min_length} and {max_length}")
+        if answer_slack < 0:
+            raise ValueError(f"answer_slack must be ≥ 0, got {answer_slack}")
+        if screen_setting not in ("aware", "agnostic"):
+            raise ValueError(f"screen_setting must be 'aware' or 'agnostic', got {screen_setting!r}")
+        super().__init__(
+            (min_length, max_length),
+            seed,
+            DEFAULT_HELDOUT_FRACTION,
+            samples_per_source=samples_per_source,
+            oversample=oversample,
+        )
+        self.sources = sources
+        self.kinds = kinds
+        self.split = split
+        self.min_length = min_length
+        self.max_length = max_length
+        self.answer_slack = answer_slack
+        self.screened_by = screened_by
+        self.screen_setting = screen_setting
+        self.roots = source_roots(roots)
+
+    def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
+        solved = self._solved() if self.screened_by is not None else None
+        out: list[Sample] = []
+        for name in self.sources:
+            source = make_source(name, self.roots.get(name))
+            doc_ids = source.doc_ids(self.split)
+            if not doc_ids:
+                raise ValueError(f"text source {name}: no document on its {self.split!r} split")
+            candidates = [
+                self._sample(source, doc_ids, tokenizer, index)
+                for index in range(self.samples_per_source * self.oversample)
+            ]
+            if solved is None:
+                out.extend(candidates)
+            else:
+                out.extend([s for s in candidates if s.id in solved][: self.samples_per_source])
+        return out
+
+    def _solved(self) -> set[str]:
+        """Sample ids FullKV answered right in ``screened_by``."""
+        path = Path(self.screened_by)
+        path = path / RESULTS_FILE if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"screened_by: no {RESULTS_FILE} at {path} (run the FullKV screening first)"
+            )
+        rows = ResultsFile(path).rows
+        if not any(r["task"] == self.name and r["setting"] == self.screen_setting for r in rows):
+            raise ValueError(
+                f"screened_by {path}: no row of task {self.name!r} in setting {self.screen_setting!r}"
+            )
+        return fullkv_solved(rows, self.name, self.screen_setting)
+
+    def _sample(
+        self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
+    ) -> Sample:
+        # the kinds in turn, each source starting at its own place in the list: a few samples per source
+        # still cover every kind across the sources
+        kind = KINDS[self.kinds[(index + list(SOURCES).index(source.name)) % len(self.kinds)]]
+        fmt = fact_format(kind.format)
+        rng = rng_for(self.name, source.name, self.split, kind.name, self.seed, index)
+        target = rng.randint(self.min_length, self.max_length)
+        # the question and the chat template take ~40 tokens: the haystack fills the rest
+        window = _haystack(source, doc_ids, tokenizer, max(1, target - 40), rng)
+        if not window:
+            raise ValueError(f"text source {source.name}: no text on its {self.split!r} split")
+        text = "".join(u.text for u in window)
+        keys = rng.sample(EVAL_KEYS, 1 + kind.distractors)
+        values = distinct_values([fmt] * len(keys), rng)
+        while any(v in text for v in values):  # a value must occur once in the prompt: its needle's
+            values = distinct_values([fmt] * len(keys), rng)
+        statements = [fmt.statement.format(key=k, value=v) for k, v in zip(keys, values, strict=True)]
+        needles = [source.as_unit(s) for s in statements]
+        depths = [rng.random() for _ in needles]
+        body = insert_at_depths(window, needles, depths)
+        context = source.join(body) + "\n\n"
+        question = rng.choice(fmt.questions).format(key=keys[0])
+        sample = Sample(
+            id=f"{self.name}-{source.name}-{self.split}-{kind.name}-s{self.seed}-{index}",
+            context=context,
+            question=question,
+            answers=values[:1],
+        )
+        answer_tokens = len(tokenizer(values[0], add_special_tokens=False)["input_ids"])
+        sample.max_new_tokens = answer_tokens + self.answer_slack
+        length, distance = value_distance(sample, tokenizer, values[0])
+        sample.meta = {
+            "source": source.name,
+            "source_group": "out-of-source" if source.name in HELDOUT_SOURCES else "in-source",
+            "source_kind": source.kind,
+            "split": self.split,
+            "kind": kind.name,
+            "kind_side": fmt.side,
+            "distractors": kind.distractors,
+            "keys": keys,  # the asked fact's first, then the distractors'
+            "values": values,
+            "length": length,
+            "target_length": target,
+            "depth": round(depths[0], 4),
+            "distance": distance,
+            "bin": distance_bin(distance),
+            "docs": sorted({u.doc_id for u in window}),
+        }
+        return sample
+
+    def score(self, prediction: str, sample: Sample, reference: str | None = None) -> dict[str, float]:
+        return {"string_match": string_match_all(prediction, sample.answers)}
+
+
+def _haystack(
+    source: TextSource,
+    doc_ids: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    tokens: int,
+    rng: random.Random,
+) -> list[Sentence]:
+    """Consecutive units of documents drawn in a random order, the first from a random unit, until
+    ``tokens`` tokens (each unit counted as it appears in running text); every document at most once, so a
+    split holding fewer tokens (chatterbot-dialogue's ``dev`` holds ~5.5K) gives all of it."""
+    out: list[Sentence] = []
+    total = 0
+    for doc_id in rng.sample(doc_ids, len(doc_ids)):
+        units = source.units(source.document(doc_id).text)
+        start = rng.randrange(len(units)) if not out and units else 0
+        for at in range(start, len(units), _BATCH):
+            batch = units[at : at + _BATCH]
+            shown = [" " + u for u in batch] if source.unit == "sentence" else batch
+            counts = tokenizer(shown, add_special_tokens=False)["input_ids"]
+            for unit, ids in zip(batch, counts, strict=True):
+                out.append(Sentence(unit, doc_id, len(ids)))
+                total += len(ids)
+                if total >= tokens:
+                    return out
+    return out

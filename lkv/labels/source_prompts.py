@@ -1,0 +1,136 @@
+"""Training prompts over many text sources: a fact planted in a passage of a source's ``train`` documents.
+
+:class:`SourcePrompts` is the prompt source a training mix uses to reach beyond the essays and the standard
+library: each prompt is a passage of whole units (sentences or lines) of one ``train`` document of one
+in-group source of :mod:`lkv.labels.sources`, a ``train`` fact of :mod:`lkv.labels.facts` planted at a random
+unit boundary, and the fact's question after it. It refuses the held-out sources
+(:func:`lkv.labels.sources.training_source`) and any fact format that is not on the ``train`` side, so the
+generalisation task's ``out-of-source`` rows and held-out kinds stay unseen by whatever it trains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+
+from lkv.labels.facts import TRAIN_KEYS, fact_format
+from lkv.labels.prompts import Prompt, PromptSource
+from lkv.labels.sources import IN_SOURCES, TextSource, source_roots, training_source
+
+
+class SourcePrompts(PromptSource):
+    """``find_value`` prompts over the ``train`` documents of in-group text sources.
+
+    Prompt ``i`` depends only on ``seed``, ``i`` and the settings (a longer run extends a shorter one): a
+    source drawn uniformly, a document of its ``train`` split, a window of ``[min_words, max_words]`` words
+    from a random unit (the document's end cuts it short), a fact with a training key at a random boundary.
+    ``meta`` holds the question (the text after the passage), the evidence sentence and the fact's depth.
+
+    Args:
+        sources: in-group source names (:data:`lkv.labels.sources.IN_SOURCES`); a held-out one is refused.
+        num_prompts: prompts per iteration.
+        min_words: shortest passage in whitespace-separated words.
+        max_words: longest passage.
+        fact_formats: ``train`` fact formats to plant.
+        seed: base seed.
+        roots: source name → folder to read it from instead of its usual place.
+    """
+
+    count_setting = "num_prompts"
+
+    def __init__(
+        self,
+        sources: tuple[str, ...] = IN_SOURCES,
+        num_prompts: int = 64,
+        min_words: int = 200,
+        max_words: int = 800,
+        fact_formats: tuple[str, ...] = ("magic_number", "serial_code", "iso_date"),
+        seed: int = 0,
+        roots: dict[str, str] | None = None,
+    ) -> None:
+        if not sources:
+            raise ValueError("sources must name at least one text source")
+        if num_prompts < 0:
+            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
+        if not 1 <= min_words <= max_words:
+            raise ValueError(
+                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
+            )
+        self.roots = source_roots(roots)
+        self._sources: list[TextSource] = [training_source(name, self.roots.get(name)) for name in sources]
+        facts = [fact_format(name) for name in fact_formats]
+        untrained = [f.name for f in facts if f.side != "train"]
+        if untrained or not facts:
+            raise ValueError(
+                f"fact_formats must name train-side formats of lkv.labels.facts; {untrained} are evaluation-only"
+            )
+        self._facts = facts
+        self.sources = tuple(sources)
+        self.num_prompts = num_prompts
+        self.min_words = min_words
+        self.max_words = max_words
+        self.fact_formats = tuple(fact_formats)
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.num_prompts
+
+    def describe(self) -> str:
+        return (
+            f"SourcePrompts(sources={list(self.sources)}, num_prompts={self.num_prompts}, "
+            f"words={self.min_words}..{self.max_words}, fact_formats={list(self.fact_formats)}, seed={self.seed})"
+        )
+
+    def __iter__(self) -> Iterator[Prompt]:
+        doc_ids = {}
+        for source in self._sources:
+            doc_ids[source.name] = source.doc_ids("train")
+            if not doc_ids[source.name]:
+                raise ValueError(f"text source {source.name}: no document on its 'train' split")
+        for index in range(self.num_prompts):
+            yield self._prompt(index, random.Random(f"lkv-sources:{self.seed}:{index}"), doc_ids)
+
+    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+        source = rng.choice(self._sources)
+        for _attempt in range(100):  # a few documents read as empty (an include-only man page)
+            doc_id = rng.choice(doc_ids[source.name])
+            units = source.units(source.document(doc_id).text)
+            if units:
+                break
+        else:
+            raise ValueError(f"text source {source.name}: 100 drawn train documents held no text")
+        target = rng.randint(self.min_words, self.max_words)
+        start = rng.randrange(len(units))
+        window: list[str] = []
+        words = 0
+        for unit in units[start:]:
+            if words >= target:
+                break
+            window.append(unit)
+            words += len(unit.split())
+        fact = rng.choice(self._facts)
+        key = rng.choice(TRAIN_KEYS)
+        value = fact.value(rng)
+        evidence = fact.statement.format(key=key, value=value)
+        depth = rng.randint(0, len(window))
+        window.insert(depth, source.as_unit(evidence))
+        question = rng.choice(fact.questions).format(key=key)
+        messages = [{"role": "user", "content": f"{source.join(window).rstrip()}\n\n{question}"}]
+        digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]
+        return Prompt(
+            id=f"sources-s{self.seed}-{index:05d}-{digest}",
+            messages=messages,
+            source=source.name,
+            doc_id=doc_id,
+            kind="find_value",
+            answer=value,
+            meta={
+                "question": question,
+                "evidence": evidence,
+                "format": fact.name,
+                "depth": round(depth / len(window), 4),
+                "words": words,
+            },
+        )

@@ -1,0 +1,155 @@
+"""The generalisation task: haystacks from a source's dev split, every fact kind's answer once in the prompt,
+the measured distance exact on the tokenised prompt, FullKV screening, and the experiment's configs."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+import lkv.commands.eval
+from lkv.cli import main as lkv_main
+from lkv.eval.tasks import TASKS, GeneraliseTask, encode_sample
+from lkv.eval.tasks.generalise import KINDS, distance_bin
+from lkv.labels.facts import fact_format
+from lkv.labels.sources import document_split
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "experiments" / "generalise" / "configs").glob("*.yaml"))
+
+
+def task(roots, **kwargs) -> GeneraliseTask:
+    settings = {
+        "sources": tuple(roots),
+        "samples_per_source": len(KINDS),
+        "min_length": 150,
+        "max_length": 400,
+        "roots": roots,
+    }
+    return GeneraliseTask(**{**settings, **kwargs})
+
+
+def test_measured_distance_is_the_token_distance_in_the_tokenised_prompt(source_roots, tiny_tokenizer):
+    samples = task(source_roots).samples(tiny_tokenizer)
+    assert len(samples) == 2 * len(KINDS) and TASKS["generalise"] is GeneraliseTask
+    for sample in samples:
+        context, question = encode_sample(sample, tiny_tokenizer)
+        prompt = context + question
+        value, distance = sample.answers[0], sample.meta["distance"]
+        assert sample.meta["length"] == len(prompt)
+        # the shortest prefix holding the whole value ends `distance` tokens before the prompt's end
+        assert value in tiny_tokenizer.decode(prompt[: len(prompt) - distance])
+        assert value not in tiny_tokenizer.decode(prompt[: len(prompt) - distance - 1])
+        assert sample.meta["bin"] == distance_bin(distance)
+    assert len({s.meta["distance"] for s in samples}) > len(samples) // 2  # drawn, not a grid
+
+
+def test_every_kind_plants_its_answer_once_and_a_distractor_of_the_same_shape(source_roots, tiny_tokenizer):
+    samples = task(source_roots).samples(tiny_tokenizer)
+    assert {s.meta["kind"] for s in samples} == set(KINDS)
+    for sample in samples:
+        kind = KINDS[sample.meta["kind"]]
+        fmt = fact_format(kind.format)
+        (value,) = sample.answers
+        prompt = sample.context + sample.question
+        assert prompt.count(value) == 1 and value not in sample.question
+        keys, values = sample.meta["keys"], sample.meta["values"]
+        assert len(keys) == len(set(keys)) == len(set(values)) == 1 + kind.distractors and values[0] == value
+        for key, planted in zip(keys, values, strict=True):
+            # each fact once, in the format's statement; a distractor has another key and another value
+            assert sample.context.count(fmt.statement.format(key=key, value=planted)) == 1
+            assert prompt.count(planted) == 1
+        assert re.search(rf"\b{keys[0]}\b", sample.question)
+        assert not any(re.search(rf"\b{key}\b", sample.question) for key in keys[1:])
+        assert sample.meta["kind_side"] == fmt.side
+        assert task(source_roots).score(f"It is {value}.", sample) == {"string_match": 1.0}
+        assert task(source_roots).score("I do not know.", sample) == {"string_match": 0.0}
+
+
+def test_haystacks_come_from_the_chosen_split_and_rows_name_their_source(source_roots, tiny_tokenizer):
+    for split in ("dev", "heldout"):
+        samples = task(source_roots, split=split).samples(tiny_tokenizer)
+        for sample in samples:
+            assert sample.meta["split"] == split and sample.id.startswith(
+                f"generalise-{sample.meta['source']}"
+            )
+            assert all(document_split(doc) == split for doc in sample.meta["docs"])
+            assert 150 <= sample.meta["target_length"] <= 400
+        groups = {s.meta["source"]: s.meta["source_group"] for s in samples}
+        assert groups == {"chatterbot-dialogue": "in-source", "debian-copyright": "in-source"}
+        for sample in samples:  # a line source writes the fact as a line of its own (a speaker's turn here)
+            fmt = fact_format(KINDS[sample.meta["kind"]].format)
+            statement = fmt.statement.format(key=sample.meta["keys"][0], value=sample.answers[0])
+            line = sample.meta["source"] == "chatterbot-dialogue"
+            assert (f"A: {statement}\n" in sample.context) == line
+    again = task(source_roots).samples(tiny_tokenizer)
+    assert [(s.id, s.context) for s in again] == [
+        (s.id, s.context) for s in task(source_roots).samples(tiny_tokenizer)
+    ]
+
+
+def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_tokenizer, tmp_path):
+    candidates = task(source_roots, samples_per_source=2, oversample=3).samples(tiny_tokenizer)
+    assert len(candidates) == 12
+    solved = {s.id for i, s in enumerate(candidates) if i % 3 != 1}
+    rows = [
+        {
+            "task": "generalise",
+            "sample": s.id,
+            "method": "fullkv",
+            "budget": "full",
+            "setting": "aware",
+            "score": float(s.id in solved),
+        }
+        for s in candidates
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    screened = task(source_roots, samples_per_source=2, oversample=3, screened_by=str(tmp_path)).samples(
+        tiny_tokenizer
+    )
+    by_source = {}
+    for sample in candidates:
+        if sample.id in solved:
+            by_source.setdefault(sample.meta["source"], []).append(sample.id)
+    assert [s.id for s in screened] == [i for ids in by_source.values() for i in ids[:2]]
+    with pytest.raises(ValueError, match=r"no row of task 'generalise' in setting 'agnostic'"):
+        task(source_roots, screened_by=str(tmp_path), screen_setting="agnostic").samples(tiny_tokenizer)
+    with pytest.raises(FileNotFoundError, match=r"screened_by: no results.jsonl"):
+        task(source_roots, screened_by=str(tmp_path / "nothing")).samples(tiny_tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"split": "train"}, r"split must be 'dev' or 'heldout' \(never a source's train documents\)"),
+        ({"sources": ("essays",)}, r"sources: unknown text sources \['essays'\]"),
+        ({"kinds": ("nope",)}, r"kinds: unknown fact kinds \['nope'\]"),
+        ({"min_length": 500, "max_length": 100}, r"need 0 < min_length ≤ max_length"),
+        ({"roots": {"nope": "/x"}}, r"roots: unknown text sources \['nope'\]"),
+    ],
+)
+def test_bad_settings_are_refused(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GeneraliseTask(**settings)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_experiment_configs_parse_and_build_the_task(path, capsys):
+    assert any(
+        f"lkv eval --config {path.relative_to(ROOT)}" in line for line in path.read_text().splitlines()
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        lkv_main(["eval", "--config", str(path), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert yaml.safe_load(capsys.readouterr().out)["tasks"]
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_function_arguments(lkv.commands.eval.evaluate)
+    built = parser.instantiate(parser.parse_args(["--config", str(path)]))
+    assert [type(t) for t in built.tasks] == [GeneraliseTask]
+
+
+def test_the_experiment_has_both_configs():
+    assert {p.stem for p in CONFIGS} == {"screen", "dev"}

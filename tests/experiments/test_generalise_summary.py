@@ -1,0 +1,70 @@
+"""experiments/generalise/summary.py: only FullKV-solved needles count, per grouping of the rows' meta."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments/generalise/summary.py"
+spec = importlib.util.spec_from_file_location("generalise_summary", SCRIPT)
+summary = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summary)
+
+META = {
+    "a": {
+        "source_group": "in-source",
+        "source": "man-pages",
+        "kind_side": "train",
+        "kind": "iso_date",
+        "bin": "far",
+    },
+    "b": {
+        "source_group": "in-source",
+        "source": "man-pages",
+        "kind_side": "heldout",
+        "kind": "contact_name",
+        "bin": "near",
+    },
+    "c": {
+        "source_group": "out-of-source",
+        "source": "c-headers",
+        "kind_side": "train",
+        "kind": "iso_date",
+        "bin": "far",
+    },
+}
+
+
+def row(sample: str, method: str, budget: str, score: float, task: str = "generalise") -> dict:
+    return {
+        "task": task,
+        "sample": sample,
+        "method": method,
+        "budget": budget,
+        "setting": "aware",
+        "score": score,
+        "meta": META[sample],
+    }
+
+
+def test_kept_counts_only_fullkv_solved_needles_per_group():
+    rows = [
+        row("a", "fullkv", "full", 1.0),
+        row("b", "fullkv", "full", 1.0),
+        row("c", "fullkv", "full", 0.0),
+        row("a", "snapkv", "128", 1.0),
+        row("b", "snapkv", "128", 0.0),
+        row("c", "snapkv", "128", 1.0),
+        row("a", "fullkv", "full", 0.0, task="needle_ood"),
+    ]
+    lines = summary.kept_tables(rows)
+    assert lines[0].startswith("FullKV solved 2 needles (aware)")
+    assert (
+        "| in-source | 2 | 1/2 = 50 % [9, 91] |" in lines
+    )  # c is not solved: its kept answer is not counted
+    assert "| far | 1 | 1/1 = 100 % [21, 100] |" in lines and "| near | 1 | 0/1 = 0 % [0, 79] |" in lines
+    assert not any(line.startswith("| out-of-source") for line in lines)
+    with pytest.raises(ValueError, match="no generalise sample that FullKV solved in setting 'agnostic'"):
+        summary.kept_tables(rows, "agnostic")
