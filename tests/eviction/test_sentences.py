@@ -5,7 +5,8 @@ import torch
 
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
-from lkv.eviction.presses.fused import ModuleSettings, lookahead_press
+from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
+from lkv.eviction.presses.lookaheadkv import lookahead_press
 from lkv.eviction.presses.sentences import SentencePress, sentence_ends, sentence_index, sentence_rank
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt, sentence_ends_every
 
@@ -151,23 +152,21 @@ def test_sentence_settings_are_checked(tiny_llama):
     for beyond in (-1, 2.5, True):
         with pytest.raises(ValueError, match="sentences_beyond must be a whole number of tokens"):
             SentencePress(press, sentence_ends(tokenizer), 0.5, beyond)
-    with pytest.raises(ValueError, match="sentences_beyond 512 spares the prompt's end .*give sentences > 0"):
-        ModuleSettings(sentences_beyond=512)
+    with pytest.raises(ValueError, match="sentences_beyond given without sentences > 0"):
+        LookaheadKVSettings.of({"sentences_beyond": 512})
     with pytest.raises(ValueError, match="sentences_scaled scales the share .*give sentences_beyond > 0"):
         SentencePress(press, sentence_ends(tokenizer), 0.5, scaled=True)
     with pytest.raises(ValueError, match="sentences_scaled must be true or false, got 'yes'"):
-        ModuleSettings(sentences=0.5, sentences_beyond=8, sentences_scaled="yes")
+        LookaheadKVSettings.of({"sentences": 0.5, "sentences_beyond": 8, "sentences_scaled": "yes"})
     with pytest.raises(ValueError, match="give the tokenizer"):
-        lookahead_press(press.adapter, settings=ModuleSettings(sentences=0.5))
-    wrapped = lookahead_press(
-        press.adapter, None, ModuleSettings(sentences=0.5, sentences_beyond=512), tokenizer
-    )
+        lookahead_press(press.adapter, settings={"sentences": 0.5})
+    wrapped = lookahead_press(press.adapter, None, {"sentences": 0.5, "sentences_beyond": 512}, tokenizer)
     assert isinstance(wrapped, SentencePress) and isinstance(wrapped.inner, LookaheadKVPress)
     assert (wrapped.beyond, wrapped.scaled) == (512, False)
     scaled = lookahead_press(
         press.adapter,
         None,
-        ModuleSettings(sentences=0.5, sentences_beyond=512, sentences_scaled=True),
+        {"sentences": 0.5, "sentences_beyond": 512, "sentences_scaled": True},
         tokenizer,
     )
     assert scaled.scaled and scaled.prompt_share(2048) == 0.375
