@@ -164,18 +164,20 @@ def evaluate(
         check_press_args(method, own)
     # each lookahead module's settings and probe, from press_args and its folder, checked before any model loads
     folders = {ADAPTER_METHOD: adapter, **{f"{LOOKAHEAD_PREFIX}{n}": f for n, f in adapters.items()}}
-    settings: dict[str, LookaheadKVSettings] = {}
+    module_settings: dict[str, LookaheadKVSettings] = {}
     module_probes: dict[str, str | Path | None] = {}
     for method in (m for m in methods if adapter_method(m)):
         defaults = folder_defaults(folders[method])
         try:
-            settings[method] = defaults.settings(press_args.get(method))
+            module_settings[method] = defaults.settings(press_args.get(method))
         except ValueError as error:
             raise ValueError(f"press_args for {method}: {error}") from None
-        module_probes[method] = defaults.probe_for(settings[method], probe, f"{method} ({folders[method]})")
+        module_probes[method] = defaults.probe_for(
+            module_settings[method], probe, f"{method} ({folders[method]})"
+        )
         # run.json records every module's settings, the default's too: rows scored with others are not resumed
-        press_args[method] = settings[method].record()
-    fused = [m for m, s in settings.items() if s.needs_probe]
+        press_args[method] = module_settings[method].record()
+    fused = [m for m, s in module_settings.items() if s.needs_probe]
     if probe is not None and PROBE_METHOD not in methods and not fused:
         raise ValueError(
             f"--probe is used by the {PROBE_METHOD} method and by lookahead modules whose settings fuse a probe "
@@ -242,7 +244,7 @@ def evaluate(
             else:
                 module_of = module
             presses[method] = lookahead_press(
-                module_of, probe_press(module_probes[method]), settings[method], tokenizer
+                module_of, probe_press(module_probes[method]), module_settings[method], tokenizer
             )
         elif roles.requires == "probe":
             presses[method] = probe_press(probe)
