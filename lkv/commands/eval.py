@@ -178,13 +178,11 @@ def evaluate(
         # run.json records every module's settings, the default's too: rows scored with others are not resumed
         press_args[method] = module_settings[method].record()
     fused = [m for m, s in module_settings.items() if s.needs_probe]
-    if probe is not None and PROBE_METHOD not in methods and not fused:
+    if (PROBE_METHOD in methods) != (probe is not None) and not (fused and PROBE_METHOD not in methods):
         raise ValueError(
-            f"--probe is used by the {PROBE_METHOD} method and by lookahead modules whose settings fuse a probe "
-            "(probe_weight > 0), and by nothing else here"
+            f"--probe is required by the {PROBE_METHOD} method, used by lookahead modules whose settings fuse a "
+            "probe (probe_weight > 0; default: their folder's probe/), and by nothing else"
         )
-    if PROBE_METHOD in methods and probe is None:
-        raise ValueError(f"--probe is required by the {PROBE_METHOD} method")
     # FullKV's and the training-free presses need no model: built before run.json records their settings, so a
     # bad one (a negative SnapKV window) is refused with the folder untouched and the corrected command runs in it
     presses: dict[str, Press] = {}

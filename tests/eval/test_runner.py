@@ -683,7 +683,10 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             {"probe_weight": 0.5, "fusion": "unoin"},
             "lookaheadkv: fusion: fusion rule must be one of mixture, union",
         ),
-        ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be a number in \\(0, 1\\], got 1.5"),
+        (
+            {"probe_weight": 1.5},
+            "lookaheadkv: probe_weight must be a number in \\(0, 1\\] \\(0: no probe\\), got 1.5",
+        ),
         ({"fusion": "union"}, "lookaheadkv: fusion given without probe_weight > 0"),
         ({"kernel": 4}, "lookaheadkv: pooling kernel must be an odd number"),
     ]:
