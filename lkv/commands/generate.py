@@ -173,6 +173,10 @@ def generate(
         probe = defaults.probe_for(settings, probe, f"--adapter {adapter}")
     elif (probe is not None) != (requires == "probe"):
         raise ValueError(f"--probe is required by --method {PROBE_METHOD} and used by no other method here")
+    elif requires == "probe" and press_args:
+        raise ValueError(
+            f"--press_args: --method {PROBE_METHOD} takes none (its settings come from its folder)"
+        )
     if adapter is not None:
         press_probe = None if probe is None else resolve_probe(probe, model)
         net, tokenizer, press = load_lookahead(

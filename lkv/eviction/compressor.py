@@ -16,6 +16,10 @@
     for budget in (64, 128, 256):                                      # then one cheap eviction per budget
         print(budget, gen.decode(gen.evict(scored, budget)).text)
 
+    from lkv.eviction.presses.lookaheadkv import load_lookahead          # a trained LookaheadKV folder with a
+    model, tokenizer, press = load_lookahead("runs/adapter", settings="long")   # preset (lookahead_settings)
+    Compressor(model, tokenizer, press, budget=256).generate(long_prompt)
+
     from lkv.eviction.decoding import H2ODecode                                 # decode-time methods: the cache stays
     Compressor(model, tokenizer, "h2o-decode", budget=128)             # within 128 entries while generating
     Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
