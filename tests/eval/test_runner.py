@@ -688,7 +688,7 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
             "lookaheadkv: probe_weight must be a number in \\(0, 1\\] \\(0: no probe\\), got 1.5",
         ),
         ({"fusion": "union"}, "lookaheadkv: fusion given without probe_weight > 0"),
-        ({"kernel": 4}, "lookaheadkv: pooling kernel must be an odd number"),
+        ({"kernel": 4}, "lookaheadkv: kernel must be an odd whole number ≥ 1, got 4"),
     ]:
         with pytest.raises(ValueError, match=said):
             lkv.commands.eval.evaluate(

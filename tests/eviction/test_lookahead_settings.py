@@ -135,7 +135,7 @@ def test_the_record_is_the_flat_keys_today_s_runs_recorded():
         ),
         ("lnog", r"unknown LookaheadKV preset 'lnog'; choose one of paper, pooled, long"),
         (3, r"expected a preset name \(paper, pooled, long\) or a mapping"),
-        ({"kernel": 4}, r"pooling kernel must be an odd number ≥ 1, got 4"),
+        ({"kernel": 4}, r"kernel must be an odd whole number ≥ 1, got 4"),
         ({"kernel": 7.0}, r"kernel must be an odd whole number ≥ 1, got 7.0"),
         ({"pooling": "min"}, r"pooling must be one of max, avg"),
         ({"probe_weight": 1.5}, r"probe_weight must be a number in \(0, 1\]"),

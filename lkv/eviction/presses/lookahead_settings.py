@@ -46,9 +46,10 @@ class Pooling:
     mode: str = "max"
 
     def __post_init__(self) -> None:
-        if isinstance(self.kernel, bool) or not isinstance(self.kernel, int):
-            raise ValueError(f"kernel must be an odd whole number ≥ 1, got {self.kernel!r}")
-        check_pooling(self.kernel, self.mode)
+        kernel = self.kernel
+        if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"kernel must be an odd whole number ≥ 1, got {kernel!r}")
+        check_pooling(kernel, self.mode)
 
 
 @dataclasses.dataclass(frozen=True)
