@@ -47,7 +47,7 @@ class FusedPress(Press):
     Args:
         parts: presses whose scores are non-negative (importance distributions; for ``mixture`` unpooled, as
             the fusion pools); at most one of them may ask for a prefill capture (the one prefill has one
-            capture per press).
+            capture per press); none may rank by the budget (a sentence share wraps the fusion instead).
         weights: one per part, non-negative, summing to 1.
         kernel, pooling: 1-D pooling of the fused scores (:data:`~lkv.eviction.selector.POOLING_MODES`).
         rule: ``mixture`` or ``union``.
@@ -71,6 +71,14 @@ class FusedPress(Press):
             raise ValueError(f"fusion weights must be non-negative and sum to 1, got {list(weights)}")
         check_rule(rule)
         check_pooling(kernel, pooling)
+        ranked_per_budget = [
+            part.name for part in parts if type(part).budget_scores is not Press.budget_scores
+        ]
+        if ranked_per_budget:
+            raise ValueError(
+                f"{ranked_per_budget} rank by the budget (Press.budget_scores), which a fusion of their scores "
+                "would drop: fuse their inner presses and wrap the fusion instead"
+            )
         self.parts = list(parts)
         self.weights = [float(w) for w in weights]
         self.rule = rule
