@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from lkv.eviction.compressor import Compressor
+from lkv.eviction.decoding import DecodeTimePress, H2ODecode
 from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import lookahead_press
@@ -172,3 +173,17 @@ def test_sentence_settings_are_checked(tiny_llama):
     assert scaled.scaled and scaled.prompt_share(2048) == 0.375
     assert wrapped.streamable and wrapped.protected(PROMPT_LEN) == (0, 0)
     assert isinstance(lookahead_press(press.adapter, tokenizer=tokenizer), LookaheadKVPress)
+
+
+def test_a_decode_time_method_ranks_as_its_prefill_press_at_each_budget(tiny_llama):
+    """A sentence share under a decode-time policy is applied from its budget on, as it is alone."""
+    model, tokenizer = tiny_llama
+    inner = build_press("probe", model)
+    ids = prompt(model)
+    sentences = SentencePress(inner, sentence_ends_every(model.config.vocab_size, 5), 0.5, from_budget=BUDGET)
+    wrapped = DecodeTimePress("sentences+h2o", sentences, H2ODecode())
+    scores = _rows(inner, model, tokenizer, ids)
+    for budget in (BUDGET - 1, BUDGET):
+        want = sentences.budget_scores(scores, ids, budget)
+        assert torch.equal(wrapped.budget_scores(scores, ids, budget), want)
+        assert torch.equal(want, scores) == (budget < BUDGET)
