@@ -172,3 +172,11 @@ def test_the_long_preset_without_any_probe_is_refused_before_any_model_loads(no_
     assert re.search(
         r"--adapter .*plain: .*fuse the module with a probe .*give --probe", one_error(capsys, "generate")
     )
+
+
+def test_generate_takes_every_settings_key_as_a_flag():
+    import inspect
+
+    from lkv.eviction.presses.lookahead_settings import KEYS
+
+    assert set(KEYS) <= set(inspect.signature(lkv.commands.generate.generate).parameters)
