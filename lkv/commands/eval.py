@@ -23,19 +23,15 @@ from lkv.eval.results import (
 from lkv.eval.runner import SETTINGS, Evaluator, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.presses import OraclePress, Press, ProbePress
-from lkv.eviction.presses.fused import (
-    MODULE_ARGS,
-    PROBE_WEIGHT,
-    ModuleSettings,
-    lookahead_press,
-)
-from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, load_lookahead
+from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
+from lkv.eviction.presses.lookaheadkv import folder_defaults, load_module, lookahead_press
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
     DEFAULT_METHODS,
     METHODS,
     PROBE_METHOD,
     MethodName,
+    check_press_args,
     make_method,
     roles_of,
 )
@@ -94,12 +90,14 @@ def evaluate(
             ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
             two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
-        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {kernel: 7}}``. A lookahead
-            module takes only its pooling (kernel, pooling), ``probe_weight`` (> 0 fuses its scores with
-            ``probe``'s), ``fusion`` (``mixture`` or ``union``; :func:`lkv.eviction.presses.fused.lookahead_press`)
-            and ``sentences`` (the share of the budget kept as whole sentences around the best tokens).
-            E.g. ``lookaheadkv:s0_probe: {probe_weight: 0.5, fusion: union}`` with ``adapters: {s0_probe: <the s0
-            folder>}`` evaluates the fusion beside the module alone.
+        press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {preset: long}}``: each
+            method's keyword arguments; a lookahead module's are its settings
+            (:class:`lkv.eviction.presses.lookahead_settings.LookaheadKVSettings`): a preset (``paper``,
+            ``pooled``, ``long``; default: the one its adapter folder records, else ``pooled``) and flat keys
+            that override it (``kernel``, ``pooling``, ``probe_weight``, ``fusion``, ``sentences``,
+            ``sentences_beyond``, ``sentences_scaled``, ``sentences_from_budget``). E.g. ``lookaheadkv:s0_long:
+            {preset: long}`` with ``adapters: {s0_long: <the s0 folder>}`` evaluates the long-prompt preset
+            beside the module alone. Unknown keys end the run before any model loads.
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -163,28 +161,28 @@ def evaluate(
             "FullKV answer) and probe (settings come from its folder) take settings"
         )
     for method, own in press_args.items():
-        if not adapter_method(method):
-            continue
-        if not set(own) <= set(MODULE_ARGS):
-            raise ValueError(
-                f"press_args for {method}: a lookahead module takes only {', '.join(MODULE_ARGS)} (its other "
-                f"settings come from its adapter folder), got {sorted(own)}"
-            )
+        check_press_args(method, own)
+    # each lookahead module's settings and probe, from press_args and its folder, checked before any model loads
+    folders = {ADAPTER_METHOD: adapter, **{f"{LOOKAHEAD_PREFIX}{n}": f for n, f in adapters.items()}}
+    module_settings: dict[str, LookaheadKVSettings] = {}
+    module_probes: dict[str, str | Path | None] = {}
+    for method in (m for m in methods if adapter_method(m)):
+        defaults = folder_defaults(folders[method])
         try:
-            ModuleSettings(**own)
+            module_settings[method] = defaults.settings(press_args.get(method))
         except ValueError as error:
             raise ValueError(f"press_args for {method}: {error}") from None
-    fused = [m for m, own in press_args.items() if adapter_method(m) and own.get(PROBE_WEIGHT)]
-    if (PROBE_METHOD in methods or bool(fused)) != (probe is not None):
-        raise ValueError(
-            f"--probe is required by the {PROBE_METHOD} method and by lookahead modules fused with it "
-            f"({PROBE_WEIGHT} > 0 in press_args), and used by nothing else"
+        module_probes[method] = defaults.probe_for(
+            module_settings[method], probe, f"{method} ({folders[method]})"
         )
-    # run.json records every lookahead module's pooling kernel, the default's too: rows scored with another
-    # (kernel 1 was the default before experiments/reach) are not resumed under it
-    for method in methods:
-        if adapter_method(method):
-            press_args[method] = {"kernel": DEFAULT_KERNEL, **press_args.get(method, {})}
+        # run.json records every module's settings, the default's too: rows scored with others are not resumed
+        press_args[method] = module_settings[method].record()
+    fused = [m for m, s in module_settings.items() if s.needs_probe]
+    if (PROBE_METHOD in methods) != (probe is not None) and not (fused and PROBE_METHOD not in methods):
+        raise ValueError(
+            f"--probe is required by the {PROBE_METHOD} method, used by lookahead modules whose settings fuse a "
+            "probe (probe_weight > 0; default: their folder's probe/), and by nothing else"
+        )
     # FullKV's and the training-free presses need no model: built before run.json records their settings, so a
     # bad one (a negative SnapKV window) is refused with the folder untouched and the corrected command runs in it
     presses: dict[str, Press] = {}
@@ -209,8 +207,9 @@ def evaluate(
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])
     check_run(out, {k: v for k, v in run_info.items() if k not in legacy})
     if adapter is not None:
-        folder = resolve_adapter(adapter, model)
-        net, tokenizer, lookahead = load_lookahead(folder, model, dtype, attn_implementation, device)
+        net, tokenizer, module = load_module(
+            resolve_adapter(adapter, model), model, dtype, attn_implementation, device
+        )
     else:
         net, tokenizer = load_backbone(
             model, dtype=dtype, attn_implementation=attn_implementation, device=device
@@ -218,26 +217,35 @@ def evaluate(
     if legacy:
         check_legacy_template(out, tokenizer, model)
         check_run(out, run_info, unrecorded=legacy)
-    probe_press = None if probe is None else ProbePress.from_folder(resolve_probe(probe, model), net)
-    for name, path in adapters.items():  # LoRAs beside the first module's, on the same model
-        host = lookahead.adapter.model
-        method = f"{LOOKAHEAD_PREFIX}{name}"
-        module = LookaheadAdapter.load(
-            resolve_adapter(path, model), host, adapter_name=f"lookahead_{name}".replace(".", "_")
-        )
-        presses[method] = lookahead_press(
-            module, probe_press, ModuleSettings(**press_args.get(method, {})), tokenizer
-        )
+    probes: dict[Path, ProbePress] = {}  # one press per probe folder, shared by the methods that fuse it
+
+    def probe_press(path: str | Path | None) -> ProbePress | None:
+        if path is None:
+            return None
+        folder = resolve_probe(path, model)
+        if folder not in probes:
+            probes[folder] = ProbePress.from_folder(folder, net)
+        return probes[folder]
+
     for method in methods:
         if method in presses:
             continue
         roles = roles_of(method)
         if roles.requires == "adapter":
+            if method != ADAPTER_METHOD:  # LoRAs beside the first module's, on the same model
+                name = method.removeprefix(LOOKAHEAD_PREFIX)
+                module_of = LookaheadAdapter.load(
+                    resolve_adapter(folders[method], model),
+                    module.model,
+                    adapter_name=f"lookahead_{name}".replace(".", "_"),
+                )
+            else:
+                module_of = module
             presses[method] = lookahead_press(
-                lookahead.adapter, probe_press, ModuleSettings(**press_args.get(method, {})), tokenizer
+                module_of, probe_press(module_probes[method]), module_settings[method], tokenizer
             )
         elif roles.requires == "probe":
-            presses[method] = probe_press
+            presses[method] = probe_press(probe)
         else:  # the upper bound (the only method left unbuilt)
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
     start = time.perf_counter()

@@ -9,9 +9,17 @@ from lkv.core.budget import Budget
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
-from lkv.eviction.presses.fused import FusionRule, ModuleSettings, lookahead_press
-from lkv.eviction.presses.lookaheadkv import load_lookahead
-from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, make_method, roles_of
+from lkv.eviction.presses.fused import FusionRule
+from lkv.eviction.presses.lookahead_settings import PresetName
+from lkv.eviction.presses.lookaheadkv import folder_defaults, load_lookahead
+from lkv.eviction.registry import (
+    ADAPTER_METHOD,
+    PROBE_METHOD,
+    MethodName,
+    check_press_args,
+    make_method,
+    roles_of,
+)
 from lkv.eviction.selector import HeadBudget, Selection
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
@@ -27,11 +35,15 @@ def generate(
     question: str | None = None,
     adapter: str | None = None,
     probe: str | None = None,
-    probe_weight: float = 0.0,
+    preset: PresetName | None = None,
+    kernel: int | None = None,
+    pooling: str | None = None,
+    probe_weight: float | None = None,
     fusion: FusionRule | None = None,
-    sentences: float = 0.0,
-    sentences_beyond: int = 0,
-    sentences_scaled: bool = False,
+    sentences: float | None = None,
+    sentences_beyond: int | None = None,
+    sentences_scaled: bool | None = None,
+    sentences_from_budget: int | None = None,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -39,8 +51,8 @@ def generate(
     stop: list[str] | None = None,
     sink: int = 0,
     recent: int = 0,
-    kernel: int = 1,
-    pooling: str = "max",
+    selection_kernel: int = 1,
+    selection_pooling: str = "max",
     press_args: dict | None = None,
     dtype: str = "float32",
     attn_implementation: str = "sdpa",
@@ -63,18 +75,26 @@ def generate(
             appended and answered.
         adapter: trained lookahead module for ``--method lookaheadkv``: an ``lkv export`` folder or an
             ``lkv fit`` checkpoint (``.ckpt``).
-        probe: trained per-token probe for ``--method probe``, or to fuse with ``--method lookaheadkv``: an
-            ``lkv export`` probe folder or a probe checkpoint.
-        probe_weight: with ``--method lookaheadkv`` and ``--probe``: the probe's weight in the fused ranking
-            (> 0; :func:`lkv.eviction.presses.fused.lookahead_press`).
+        probe: trained per-token probe for ``--method probe``, or to fuse with ``--method lookaheadkv`` when its
+            settings fuse one (default there: the adapter folder's ``probe/``): an ``lkv export`` probe folder or
+            a probe checkpoint.
+        preset: with ``--method lookaheadkv``: the module's settings by name: ``paper`` (unpooled, alone),
+            ``pooled`` (max-pooled over 7, alone), ``long`` (fused with a probe by the union rule, half each;
+            from C = 256 on, half of the budget to whole sentences, scaled by the part of the prompt before its
+            last 1024 tokens); default: the preset the adapter folder records, else ``pooled``
+            (:data:`lkv.eviction.presses.lookahead_settings.PRESETS`). The flags below override its fields.
+        kernel, pooling: with ``--method lookaheadkv``: the 1-D pooling of the module's scores (odd kernel, 1 =
+            none; ``max`` or ``avg``).
+        probe_weight: with ``--method lookaheadkv``: the probe's weight in the fused ranking (0: no probe).
         fusion: how the module and the probe are fused: ``mixture`` (the default) or ``union``
-            (:class:`~lkv.eviction.presses.FusedPress`); only with ``--probe_weight``.
+            (:class:`~lkv.eviction.presses.FusedPress`).
         sentences: with ``--method lookaheadkv``: the share of the budget kept as whole sentences around the
             ranking's best tokens, in [0, 1] (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none).
-        sentences_beyond: with ``--sentences``: the tokens at the end of the prompt kept as single tokens, not
-            sentences (0: sentences everywhere).
-        sentences_scaled: with ``--sentences_beyond``: the share scaled by the part of the prompt before those
-            tokens, ``sentences · (S − sentences_beyond) / S`` for an ``S``-token prompt.
+        sentences_beyond: the tokens at the end of the prompt kept as single tokens, not sentences (0: sentences
+            everywhere).
+        sentences_scaled: the share scaled by the part of the prompt before those tokens,
+            ``sentences · (S − sentences_beyond) / S`` for an ``S``-token prompt.
+        sentences_from_budget: the smallest budget (tokens per KV head) the sentence share applies at.
         max_new_tokens: longest answer.
         temperature: 0 = greedy; otherwise sampling temperature.
         top_p: nucleus sampling mass (with temperature > 0).
@@ -82,9 +102,11 @@ def generate(
         stop: strings that end the answer (besides EOS).
         sink: leading prompt tokens always kept.
         recent: trailing prompt tokens always kept.
-        kernel: 1-D pooling kernel applied to the scores before selection (1 = none).
-        pooling: ``max`` or ``avg`` pooling.
-        press_args: the method's own settings, e.g. ``{"window": 16}`` for snapkv.
+        selection_kernel: the selector's 1-D pooling kernel, applied to any method's scores before selection
+            (1 = none).
+        selection_pooling: the selector's pooling, ``max`` or ``avg``.
+        press_args: the method's own settings, e.g. ``{"window": 16}`` for snapkv; for ``--method lookaheadkv``
+            its settings as ``lkv eval``'s press_args give them (``{"preset": "long", "kernel": 5}``).
         dtype: model weights dtype (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: ``sdpa`` (default) or ``eager``.
         device: ``cpu``, ``cuda``, ... (default: CPU).
@@ -105,45 +127,61 @@ def generate(
         prompt = path.read_text()
     if not prompt.strip():
         raise ValueError("the prompt is empty")
-    # checked before any model loads
+    # checked before any model loads, as the settings below
     try:
         checked = Budget.of(budget)
     except (TypeError, ValueError) as error:
         raise ValueError(f"--budget: {error}") from None
-    selection = Selection(sink, recent, kernel, pooling, head_budget)
+    selection = Selection(sink, recent, selection_kernel, selection_pooling, head_budget)
     requires = roles_of(method).requires
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
-    # the module's settings, checked here before any model loads and given to its press below
-    try:
-        settings = ModuleSettings(
-            probe_weight=probe_weight,
-            fusion=fusion,
-            sentences=sentences,
-            sentences_beyond=sentences_beyond,
-            sentences_scaled=sentences_scaled,
+    given = {
+        "preset": preset,
+        "kernel": kernel,
+        "pooling": pooling,
+        "probe_weight": probe_weight,
+        "fusion": fusion,
+        "sentences": sentences,
+        "sentences_beyond": sentences_beyond,
+        "sentences_scaled": sentences_scaled,
+        "sentences_from_budget": sentences_from_budget,
+    }
+    typed = {key: value for key, value in given.items() if value is not None}
+    flags = ", ".join(f"--{key}" for key in typed)
+    if typed and requires != "adapter":
+        raise ValueError(
+            f"{flags}: settings of --method {ADAPTER_METHOD}; got --method {method} (a method's own settings go in "
+            "--press_args, the selector's pooling in --selection_kernel)"
         )
-    except ValueError as error:
+    press_args = dict(press_args or {})
+    check_press_args(method, press_args)
+    both = sorted(set(press_args) & set(typed))
+    if both:
+        raise ValueError(f"{', '.join(both)}: given both as a flag and in --press_args; give each once")
+    if requires == "adapter":
+        defaults = folder_defaults(adapter)
+        try:
+            settings = defaults.settings({**press_args, **typed})
+        except ValueError as error:
+            raise ValueError(f"{flags or '--press_args'}: {error}") from None
+        if probe is not None and not settings.needs_probe:
+            raise ValueError(
+                f"--probe is fused with --method {ADAPTER_METHOD} only when its settings fuse a probe "
+                "(--probe_weight > 0, or --preset long)"
+            )
+        probe = defaults.probe_for(settings, probe, f"--adapter {adapter}")
+    elif (probe is not None) != (requires == "probe"):
+        raise ValueError(f"--probe is required by --method {PROBE_METHOD} and used by no other method here")
+    elif requires == "probe" and press_args:
         raise ValueError(
-            f"--probe_weight, --fusion, --sentences, --sentences_beyond, --sentences_scaled: {error}"
-        ) from None
-    fused = probe_weight > 0
-    if fused and requires != "adapter":
-        raise ValueError(
-            f"--probe_weight fuses --method {ADAPTER_METHOD} with a probe; got --method {method}"
-        )
-    if sentences and requires != "adapter":
-        raise ValueError(f"--sentences is a setting of --method {ADAPTER_METHOD}; got --method {method}")
-    if (probe is not None) != (requires == "probe" or fused):
-        raise ValueError(
-            f"--probe is required by --method {PROBE_METHOD} and by --probe_weight > 0, and used by nothing else"
+            f"--press_args: --method {PROBE_METHOD} takes none (its settings come from its folder)"
         )
     if adapter is not None:
-        folder = resolve_adapter(adapter, model)
-        net, tokenizer, press = load_lookahead(folder, model, dtype, attn_implementation, device)
-        if fused or sentences:
-            probe_press = ProbePress.from_folder(resolve_probe(probe, model), net) if fused else None
-            press = lookahead_press(press.adapter, probe_press, settings, tokenizer)
+        press_probe = None if probe is None else resolve_probe(probe, model)
+        net, tokenizer, press = load_lookahead(
+            resolve_adapter(adapter, model), model, dtype, attn_implementation, device, settings, press_probe
+        )
     elif probe is not None:
         folder = resolve_probe(probe, model)
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
@@ -155,7 +193,7 @@ def generate(
         net, tokenizer = load_backbone(
             model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
-        press = make_method(method, **(press_args or {}))
+        press = make_method(method, **press_args)
     compressor = Compressor(
         net,
         tokenizer,

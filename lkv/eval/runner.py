@@ -592,7 +592,7 @@ class Evaluator:
                 oracle = response_importance(self.model, shared.cache, shared.prompt_len, response)
                 scores[UPPER_BOUND] = (oracle[None], clock(ids.device) - start)
             for method, budget in todo:
-                share = kept_share(self.compressors[method].select(scores[method][0], budget), positions)
+                share = kept_share(self.compressors[method].select(scores[method][0], ids, budget), positions)
                 metrics = share_metrics(share)
                 self.results.add(
                     {

@@ -16,6 +16,10 @@
     for budget in (64, 128, 256):                                      # then one cheap eviction per budget
         print(budget, gen.decode(gen.evict(scored, budget)).text)
 
+    from lkv.eviction.presses.lookaheadkv import load_lookahead          # a trained LookaheadKV folder with a
+    model, tokenizer, press = load_lookahead("runs/adapter", settings="long")   # preset (lookahead_settings)
+    Compressor(model, tokenizer, press, budget=256).generate(long_prompt)
+
     from lkv.eviction.decoding import H2ODecode                                 # decode-time methods: the cache stays
     Compressor(model, tokenizer, "h2o-decode", budget=128)             # within 128 entries while generating
     Compressor(model, tokenizer, "snapkv", budget=128, decode_policy=H2ODecode())
@@ -198,7 +202,7 @@ class Compressor:
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
-            kept = self.select(scored.scores, budget, budgets)
+            kept = self.select(scored.scores, scored.ids, budget, budgets)
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
@@ -218,19 +222,25 @@ class Compressor:
         )
 
     def select(
-        self, scores: torch.Tensor, budget: Budget | int | float, layer_budgets: list[int] | None = None
+        self,
+        scores: torch.Tensor,
+        prompt_ids: torch.Tensor,
+        budget: Budget | int | float,
+        layer_budgets: list[int] | None = None,
     ) -> list[torch.Tensor]:
         """The positions an eviction to ``budget`` keeps: per layer ``(1, kv_heads, C_l)``, ascending (under
         ``head_budget="adaptive"`` a shorter head's row ends in ``-1`` padding: :func:`select_indices`).
 
         Args:
-            scores: the press's ``(1, layers, kv_heads, S)`` scores of a prompt of ``S`` tokens.
+            scores: the press's ``(1, layers, kv_heads, S)`` scores of the ``(1, S)`` prompt ``prompt_ids``,
+                ranked as the press ranks them at this budget (:meth:`Press.budget_scores`).
             layer_budgets: ``C_l`` per layer when already derived (default: :meth:`layer_budgets`).
         """
         prompt_len, budget = scores.shape[-1], Budget.of(budget)
         if layer_budgets is None:
             layer_budgets = self.layer_budgets(budget, prompt_len)
-        return select_indices(scores, layer_budgets, self._selection(prompt_len, budget))
+        ranked = self.press.budget_scores(scores, prompt_ids, budget.tokens(prompt_len))
+        return select_indices(ranked, layer_budgets, self._selection(prompt_len, budget))
 
     def _selection(self, prompt_len: int, budget: Budget) -> Selection:
         """The selector's settings with every window it must keep: the method's own, the policy's, the user's."""

@@ -9,9 +9,10 @@ it evicts, whether it ranks) is data here too (:class:`Roles`, :func:`roles_of`)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from lkv.eviction.decoding.methods import h2o_decode, quest, scissorhands
 from lkv.eviction.presses import (
@@ -21,7 +22,6 @@ from lkv.eviction.presses import (
     KeyDiffPress,
     KVzipPress,
     LAQPress,
-    LookaheadKVPress,
     OraclePress,
     Press,
     ProbePress,
@@ -32,6 +32,8 @@ from lkv.eviction.presses import (
     StreamingLLMPress,
     TOVAPress,
 )
+from lkv.eviction.presses.lookahead_settings import KEYS as LOOKAHEAD_KEYS
+from lkv.eviction.presses.lookaheadkv import lookahead_press
 
 Role = Literal["method", "reference", "upper bound"]
 Requirement = Literal["", "adapter", "probe"]
@@ -100,9 +102,9 @@ _REGISTERED = (
     ),
     Method(
         "lookaheadkv",
-        LookaheadKVPress,
+        lookahead_press,
         "prefill",
-        "the trained lookahead module predicts the future response's attention, max-pooled over 7 positions (kernel 1: unpooled)",
+        "the trained lookahead module predicts the future response's attention; presets `paper`, `pooled` (the default), `long`",
         needs="an adapter (`--adapter`)",
         roles=Roles(requires="adapter"),
     ),
@@ -224,6 +226,32 @@ def make_method(name: str, **settings) -> Press:
     if method is None:
         raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
     return method.build(**settings)
+
+
+def press_arg_names(name: str) -> tuple[str, ...]:
+    """The keys ``press_args`` may give the method evaluated as ``name`` (``<name>:<module>`` too): a trained
+    lookahead module's settings (:data:`~lkv.eviction.presses.lookahead_settings.KEYS`: its press's other
+    arguments are the module, the probe and the tokenizer), else the keyword arguments of the method's build."""
+    method = METHODS.get(name.lower()) or METHODS.get(name.lower().partition(":")[0])
+    if method is None:
+        raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
+    if method.roles.requires == "adapter":
+        return LOOKAHEAD_KEYS
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in inspect.signature(method.build).parameters.values() if p.kind in kinds)
+
+
+def check_press_args(name: str, args: Mapping[str, Any]) -> None:
+    """Raise one clear error unless ``args`` are settings the method evaluated as ``name`` takes
+    (:func:`press_arg_names`), before any model loads; their values are checked when the press is built (a
+    lookahead module's against its folder's preset: :meth:`~lkv.eviction.presses.lookahead_settings.LookaheadKVSettings.of`)."""
+    if not isinstance(args, Mapping):
+        raise ValueError(f"press_args for {name}: expected a mapping of settings, got {args!r}")
+    names = press_arg_names(name)
+    unknown = sorted(str(key) for key in args if key not in names)
+    if unknown:
+        takes = ", ".join(names) if names else "no settings"
+        raise ValueError(f"press_args for {name}: unknown key {', '.join(unknown)}; {name} takes {takes}")
 
 
 def method_table() -> str:

@@ -99,6 +99,7 @@ class LayerEvictor:
         if len(budgets) != self.num_layers:
             raise ValueError(f"got {len(budgets)} layer budgets for {self.num_layers} decoder layers")
         self.capture = press.prefill_capture(ids.shape[1])
+        self.press, self.ids = press, ids
         self.cache, self.budgets, self.clock, self.keep_scores = cache, list(budgets), clock, keep_scores
         self.selection, self.width = selection, width
         self.scorer: LayerScorer = press.layer_scorer(StreamContext(model, ids, cache, self.capture))
@@ -127,7 +128,9 @@ class LayerEvictor:
         try:
             self.kv_bytes_full += layer_bytes(self.cache.layers[layer_idx])
             scores = self.scorer(layer_idx)
-            index = select_indices(scores[:, None], [self.budgets[layer_idx]], self.selection, self.width)[0]
+            budget = self.budgets[layer_idx]
+            ranked = self.press.budget_scores(scores, self.ids, budget)
+            index = select_indices(ranked[:, None], [budget], self.selection, self.width)[0]
         finally:
             self.busy = False
         self.kept.append(index)

@@ -21,13 +21,15 @@ Usage with kvpress's pipeline, question-agnostic (the context is compressed befo
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
     pipe(context, question="What is the magic number?", press=press)["answer"]
 
-Fused with a trained per-token probe (an ``lkv export`` probe folder for the same base model), as ``lkv generate
---probe P --probe_weight 0.5 --fusion union`` (:func:`lkv.eviction.presses.fused.lookahead_press`)::
+With a preset (:mod:`lkv.eviction.presses.lookahead_settings`, as ``lkv generate --preset``), e.g. the
+long-prompt one, which fuses a trained per-token probe (default: the adapter folder's ``probe/``) and reads
+sentence ends from the tokenizer::
 
-    press = lookahead_press("runs/adapter", model, 0.75, probe="runs/probe", probe_weight=0.5, fusion="union")
+    press = lookahead_press("runs/adapter", model, 0.75, settings="long", tokenizer=tokenizer)
+    press = lookahead_press("runs/adapter", model, 0.75, probe="runs/probe", settings={"preset": "long", "kernel": 5},
+                            tokenizer=tokenizer)
 
-With half of the budget kept as whole sentences around the ranking's best tokens (``lkv generate --sentences
-0.5``), pass the tokenizer the sentence ends are read from: ``..., sentences=0.5, tokenizer=tokenizer)``.
+Without ``settings`` the folder's recorded preset applies (else ``pooled``).
 """
 
 from __future__ import annotations
@@ -46,13 +48,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lkv.core.attention import install_capture
 from lkv.core.cache import gather_layer
 from lkv.eviction.presses import Press, ProbePress
-from lkv.eviction.presses.fused import (
-    PROBE_WEIGHT,
-    FusionRule,
-    ModuleSettings,
-    check_sentence_tokenizer,
-)
-from lkv.eviction.presses.fused import lookahead_press as module_press
+from lkv.eviction.presses.lookaheadkv import Settings, check_tokenizer, folder_defaults
+from lkv.eviction.presses.lookaheadkv import lookahead_press as module_press
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection, adaptive_width
 from lkv.eviction.streamed import LayerEvictor
 from lkv.model.lookahead import LookaheadAdapter
@@ -174,17 +171,12 @@ def lookahead_press(
     model: PreTrainedModel,
     compression_ratio: float = 0.0,
     probe: str | Path | None = None,
-    probe_weight: float = 0.0,
-    fusion: FusionRule | None = None,
-    sentences: float = 0.0,
-    sentences_beyond: int = 0,
-    sentences_scaled: bool = False,
+    settings: Settings | None = None,
     tokenizer: PreTrainedTokenizerBase | None = None,
     **options,
 ) -> LkvPress:
-    """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``, alone or fused
-    with a trained per-token probe, as lkv's own press (:func:`lkv.eviction.presses.fused.lookahead_press`:
-    max-pooled over :data:`~lkv.eviction.presses.lookaheadkv.DEFAULT_KERNEL` positions).
+    """A trained LookaheadKV module (an ``lkv export`` folder) as a kvpress press for ``model``, built as lkv's
+    own press (:func:`lkv.eviction.presses.lookaheadkv.lookahead_press`).
 
     The adapter's LoRA is injected into ``model`` in place and stays off outside the lookahead tokens, so the
     model still computes the base model for the context, the question and the answer; give the same model to
@@ -193,38 +185,24 @@ def lookahead_press(
     Args:
         adapter: the exported folder; model: the base model it was trained on (e.g. ``load_backbone(...)[0]``).
         compression_ratio, options: as :class:`LkvPress`.
-        probe: an ``lkv export`` probe folder for the same base model, fused with the module (needs
-            ``probe_weight``).
-        probe_weight: the probe's weight in ``(0, 1]`` in the fused ranking (0: the module alone; needs ``probe``).
-        fusion: ``mixture`` (None: the default) or ``union`` (:class:`~lkv.eviction.presses.FusedPress`); only
-            with ``probe_weight``.
-        sentences: the share of the budget kept as whole sentences around the ranking's best tokens, in [0, 1]
-            (:class:`~lkv.eviction.presses.sentences.SentencePress`; 0: none); needs ``tokenizer``.
-        sentences_beyond: the tokens at the end of the prompt kept as single tokens (0: sentences everywhere).
-        sentences_scaled: the share scaled by the part of the prompt before those tokens (needs
-            ``sentences_beyond``).
-        tokenizer: the model's tokenizer (for ``sentences``).
+        probe: an ``lkv export`` probe folder for the same base model, fused with the module when the settings
+            fuse one (default: the adapter folder's ``probe/``).
+        settings: a preset name, a mapping of settings (``{"preset": "long", "kernel": 5}``) or a
+            :class:`~lkv.eviction.presses.lookahead_settings.LookaheadKVSettings` (default: the folder's preset,
+            else ``pooled``).
+        tokenizer: the model's tokenizer (settings with a sentence share read sentence ends from it).
 
     Raises:
-        ValueError: for settings lkv's press refuses, or a probe without a weight or a weight without a probe
-            (before anything is loaded).
+        ValueError: for settings lkv's press refuses, a probe the settings do not fuse, or a fusion without a
+            probe (before anything is loaded).
     """
-    # the module's settings, checked before anything loads and given to lkv's press below
-    settings = ModuleSettings(
-        probe_weight=probe_weight,
-        fusion=fusion,
-        sentences=sentences,
-        sentences_beyond=sentences_beyond,
-        sentences_scaled=sentences_scaled,
-    )
-    check_sentence_tokenizer(sentences, tokenizer)
-    if (probe is None) != (not probe_weight):
-        raise ValueError(
-            f"a probe and {PROBE_WEIGHT} > 0 go together (the probe's weight in the fused ranking); got "
-            f"probe={probe!r}, {PROBE_WEIGHT}={probe_weight}"
-        )
+    defaults = folder_defaults(adapter)
+    checked = defaults.settings(settings)
+    if probe is not None and not checked.needs_probe:
+        raise ValueError(f"probe={str(probe)!r}: the settings fuse no probe (probe_weight 0)")
+    probe = defaults.probe_for(checked, probe, f"adapter {str(adapter)!r}")
+    check_tokenizer(checked, tokenizer)
     install_capture(model)
     module = LookaheadAdapter.load(adapter, model)
     probe_press = None if probe is None else ProbePress.from_folder(probe, model)
-    press = module_press(module, probe_press, settings, tokenizer)
-    return LkvPress(press, compression_ratio, **options)
+    return LkvPress(module_press(module, probe_press, checked, tokenizer), compression_ratio, **options)

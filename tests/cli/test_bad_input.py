@@ -106,6 +106,12 @@ def generate(root: Path, *options: str) -> list[str]:
     return ["generate", "--model", str(root / "model"), "--prompt", "alpha beta", *options]
 
 
+def lookaheadkv(root: Path, *options: str) -> list[str]:
+    """``lkv generate --method lookaheadkv`` with the tiny run's checkpoint as the adapter and ``options``."""
+    adapter = str(root / "run" / "checkpoints" / "last.ckpt")
+    return generate(root, "--method", "lookaheadkv", "--adapter", adapter, *options)
+
+
 def adapter_as_probe(root: Path) -> list[str]:
     """An exported LookaheadKV adapter given where a probe folder is expected."""
     lkv_main(
@@ -186,35 +192,31 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
     ),
     "generate-probe-weight-without-lookaheadkv": (
         lambda root, mp: generate(root, "--probe_weight", "0.5"),
-        [r"--probe_weight fuses --method lookaheadkv with a probe", r"got --method snapkv"],
+        [r"--probe_weight: settings of --method lookaheadkv", r"got --method snapkv"],
     ),
     "generate-sentences-without-lookaheadkv": (
         lambda root, mp: generate(root, "--sentences", "0.5"),
-        [r"--sentences is a setting of --method lookaheadkv", r"got --method snapkv"],
+        [r"--sentences: settings of --method lookaheadkv", r"got --method snapkv"],
+    ),
+    "generate-unknown-press-arg": (
+        lambda root, mp: generate(root, "--press_args", '{"nonsense": 1}'),
+        [r"press_args for snapkv: unknown key nonsense", r"snapkv takes window, kernel, pooling"],
     ),
     "generate-sentences-beyond-without-sentences": (
-        lambda root, mp: generate(root, "--sentences_beyond", "1024"),
-        [r"--sentences_beyond", r"sentences_beyond 1024 spares the prompt's end", r"give sentences > 0"],
+        lambda root, mp: lookaheadkv(root, "--sentences_beyond", "1024"),
+        [r"--sentences_beyond", r"sentences_beyond given without sentences > 0"],
     ),
     "generate-sentences-scaled-without-beyond": (
-        lambda root, mp: generate(root, "--sentences", "0.5", "--sentences_scaled", "true"),
+        lambda root, mp: lookaheadkv(root, "--sentences", "0.5", "--sentences_scaled", "true"),
         [r"--sentences_scaled", r"sentences_scaled scales the share", r"give sentences_beyond > 0"],
     ),
     "generate-fusion-without-probe-weight": (
-        lambda root, mp: generate(
-            root,
-            "--method",
-            "lookaheadkv",
-            "--adapter",
-            str(root / "run" / "checkpoints" / "last.ckpt"),
-            "--fusion",
-            "union",
-        ),
-        [
-            r"--probe_weight, --fusion",
-            r"fusion 'union' combines the module with a probe",
-            r"probe_weight > 0",
-        ],
+        lambda root, mp: lookaheadkv(root, "--fusion", "union"),
+        [r"--fusion: ", r"fusion given without probe_weight > 0"],
+    ),
+    "generate-long-preset-without-a-probe": (
+        lambda root, mp: lookaheadkv(root, "--preset", "long"),
+        [r"--adapter .*last\.ckpt", r"fuse the module with a probe", r"give --probe"],
     ),
     "adapter-folder-as-probe": (
         lambda root, mp: adapter_as_probe(root),
@@ -319,7 +321,7 @@ def test_a_bad_eval_budget_ends_before_any_model_loads(budgets, said, tmp_path, 
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", no_model)
-    monkeypatch.setattr(lkv.commands.eval, "load_lookahead", no_model)
+    monkeypatch.setattr(lkv.commands.eval, "load_module", no_model)
     essays = tmp_path / "essays"
     essays.mkdir()
     for name, text in ESSAYS.items():

@@ -393,7 +393,7 @@ def test_a_lookahead_modules_settings_count_only_where_its_rows_are(tmp_path):
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
-    monkeypatch.setattr(lkv.commands.eval, "load_lookahead", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.commands.eval, "load_module", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(ValueError, match=r"decode-time methods \['quest'\] keep equal budgets"):
         lkv.commands.eval.evaluate(
             [], methods=("snapkv", "quest"), head_budget="adaptive", output=str(tmp_path)
@@ -629,7 +629,7 @@ def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpu
 def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch
 ):
-    """`press_args` reach `lookaheadkv` and named modules (kernel, pooling only); the run's settings stay its own."""
+    """`press_args` reach `lookaheadkv` and named modules (their settings only); the run's settings stay its own."""
     import lkv.eviction.presses.lookaheadkv
     from lkv.model.lookahead import LookaheadAdapter
     from tests.conftest import build_tiny_model
@@ -666,24 +666,29 @@ def test_press_args_pool_a_lookahead_module_and_keep_the_run_settings(
     with pytest.raises(ValueError, match="differs in: press_args"):
         lkv.commands.eval.evaluate(**one)
     for own, said in [
-        ({"window": 4}, "takes only kernel, pooling, probe_weight, fusion, sentences"),
-        ({"sentences": 1.5}, "lookaheadkv: the sentence share must be in \\[0, 1\\]"),
-        (
-            {"sentences_beyond": 512},
-            "lookaheadkv: sentences_beyond 512 spares the prompt's end .*sentences > 0",
-        ),
+        ({"window": 4}, "press_args for lookaheadkv: unknown key window; lookaheadkv takes preset, kernel"),
+        ({"sentences": 1.5}, "lookaheadkv: sentences must be a share of the budget in \\(0, 1\\]"),
+        ({"sentences_beyond": 512}, "lookaheadkv: sentences_beyond given without sentences > 0"),
         (
             {"sentences": 0.5, "sentences_scaled": True},
             "lookaheadkv: sentences_scaled scales the share .*give sentences_beyond > 0",
         ),
-        ({"probe_weight": 0.5}, "--probe is required by .* lookahead modules fused with it"),
-        ({"probe_weight": 0.5, "fusion": "unoin"}, "lookaheadkv: fusion rule must be one of mixture, union"),
-        ({"probe_weight": 1.5}, "lookaheadkv: probe_weight must be in \\[0, 1\\], got 1.5"),
+        ({"probe_weight": 0.5}, "fuse the module with a probe .*there is none: give --probe"),
+        ({"preset": "long"}, "fuse the module with a probe .*there is none: give --probe"),
         (
-            {"fusion": "union"},
-            "lookaheadkv: fusion 'union' combines the module with a probe: give probe_weight",
+            {"preset": "lnog"},
+            "lookaheadkv: unknown LookaheadKV preset 'lnog'; choose one of paper, pooled, long",
         ),
-        ({"kernel": 4}, "lookaheadkv: pooling kernel must be an odd number"),
+        (
+            {"probe_weight": 0.5, "fusion": "unoin"},
+            "lookaheadkv: fusion: fusion rule must be one of mixture, union",
+        ),
+        (
+            {"probe_weight": 1.5},
+            "lookaheadkv: probe_weight must be a number in \\(0, 1\\] \\(0: no probe\\), got 1.5",
+        ),
+        ({"fusion": "union"}, "lookaheadkv: fusion given without probe_weight > 0"),
+        ({"kernel": 4}, "lookaheadkv: kernel must be an odd whole number ≥ 1, got 4"),
     ]:
         with pytest.raises(ValueError, match=said):
             lkv.commands.eval.evaluate(

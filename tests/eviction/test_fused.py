@@ -6,8 +6,9 @@ import torch.nn.functional as F
 
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FusedPress, LookaheadKVPress
+from lkv.eviction.presses.sentences import SentencePress
 from lkv.eviction.registry import make_method
-from tests.eviction.conftest import FUSED, PROMPT_LEN, build_press, prompt
+from tests.eviction.conftest import FUSED, PROMPT_LEN, build_press, prompt, sentence_ends_every
 
 
 def test_fused_scores_are_the_pooled_weighted_mixture_of_the_parts_distributions(tiny_llama):
@@ -50,6 +51,9 @@ def test_fused_presses_are_checked(tiny_llama):
         FusedPress([snapkv, probe], [0.7, 0.7])
     with pytest.raises(ValueError, match="odd number"):
         FusedPress([snapkv, probe], [0.5, 0.5], kernel=4)
+    sentences = SentencePress(probe, sentence_ends_every(model.config.vocab_size, 5), 0.5)
+    with pytest.raises(ValueError, match=r"\['probe'\] rank by the budget .*wrap the fusion instead"):
+        FusedPress([snapkv, sentences], [0.5, 0.5])
     with pytest.raises(ValueError, match=r"\['snapkv', 'probe'\] each ask for one"):
         FusedPress([snapkv, probe], [0.5, 0.5]).prefill_capture(PROMPT_LEN)
     # the window SnapKV always keeps stays kept in a fusion, and it streams only if every part does

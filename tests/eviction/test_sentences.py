@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from lkv.eviction.compressor import Compressor
+from lkv.eviction.decoding import DecodeTimePress, H2ODecode
 from lkv.eviction.presses import LookaheadKVPress
-from lkv.eviction.presses.fused import ModuleSettings, lookahead_press
+from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
+from lkv.eviction.presses.lookaheadkv import lookahead_press
 from lkv.eviction.presses.sentences import SentencePress, sentence_ends, sentence_index, sentence_rank
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt, sentence_ends_every
 
@@ -151,25 +153,37 @@ def test_sentence_settings_are_checked(tiny_llama):
     for beyond in (-1, 2.5, True):
         with pytest.raises(ValueError, match="sentences_beyond must be a whole number of tokens"):
             SentencePress(press, sentence_ends(tokenizer), 0.5, beyond)
-    with pytest.raises(ValueError, match="sentences_beyond 512 spares the prompt's end .*give sentences > 0"):
-        ModuleSettings(sentences_beyond=512)
+    with pytest.raises(ValueError, match="sentences_beyond given without sentences > 0"):
+        LookaheadKVSettings.of({"sentences_beyond": 512})
     with pytest.raises(ValueError, match="sentences_scaled scales the share .*give sentences_beyond > 0"):
         SentencePress(press, sentence_ends(tokenizer), 0.5, scaled=True)
     with pytest.raises(ValueError, match="sentences_scaled must be true or false, got 'yes'"):
-        ModuleSettings(sentences=0.5, sentences_beyond=8, sentences_scaled="yes")
+        LookaheadKVSettings.of({"sentences": 0.5, "sentences_beyond": 8, "sentences_scaled": "yes"})
     with pytest.raises(ValueError, match="give the tokenizer"):
-        lookahead_press(press.adapter, settings=ModuleSettings(sentences=0.5))
-    wrapped = lookahead_press(
-        press.adapter, None, ModuleSettings(sentences=0.5, sentences_beyond=512), tokenizer
-    )
+        lookahead_press(press.adapter, settings={"sentences": 0.5})
+    wrapped = lookahead_press(press.adapter, None, {"sentences": 0.5, "sentences_beyond": 512}, tokenizer)
     assert isinstance(wrapped, SentencePress) and isinstance(wrapped.inner, LookaheadKVPress)
     assert (wrapped.beyond, wrapped.scaled) == (512, False)
     scaled = lookahead_press(
         press.adapter,
         None,
-        ModuleSettings(sentences=0.5, sentences_beyond=512, sentences_scaled=True),
+        {"sentences": 0.5, "sentences_beyond": 512, "sentences_scaled": True},
         tokenizer,
     )
     assert scaled.scaled and scaled.prompt_share(2048) == 0.375
     assert wrapped.streamable and wrapped.protected(PROMPT_LEN) == (0, 0)
     assert isinstance(lookahead_press(press.adapter, tokenizer=tokenizer), LookaheadKVPress)
+
+
+def test_a_decode_time_method_ranks_as_its_prefill_press_at_each_budget(tiny_llama):
+    """A sentence share under a decode-time policy is applied from its budget on, as it is alone."""
+    model, tokenizer = tiny_llama
+    inner = build_press("probe", model)
+    ids = prompt(model)
+    sentences = SentencePress(inner, sentence_ends_every(model.config.vocab_size, 5), 0.5, from_budget=BUDGET)
+    wrapped = DecodeTimePress("sentences+h2o", sentences, H2ODecode())
+    scores = _rows(inner, model, tokenizer, ids)
+    for budget in (BUDGET - 1, BUDGET):
+        want = sentences.budget_scores(scores, ids, budget)
+        assert torch.equal(wrapped.budget_scores(scores, ids, budget), want)
+        assert torch.equal(want, scores) == (budget < BUDGET)

@@ -17,8 +17,8 @@ from lkv.core.compat import cache_kwargs  # noqa: E402
 from lkv.core.generation import Sampling  # noqa: E402
 from lkv.eviction.compressor import Compressor  # noqa: E402
 from lkv.eviction.presses import LookaheadKVPress, Press  # noqa: E402
-from lkv.eviction.presses.fused import RULES, ModuleSettings  # noqa: E402
-from lkv.eviction.presses.fused import lookahead_press as module_press  # noqa: E402
+from lkv.eviction.presses.fused import RULES  # noqa: E402
+from lkv.eviction.presses.lookaheadkv import lookahead_press as module_press  # noqa: E402
 from lkv.eviction.registry import make_method  # noqa: E402
 from lkv.eviction.selector import Selection, adaptive_width  # noqa: E402
 from lkv.eviction.streamed import streamed_compress  # noqa: E402
@@ -50,7 +50,7 @@ def build(method: str, model) -> Press:
         return build_press(method, model)
     rule = method.split("(")[1].rstrip(")")
     module, probe = build_press("lookaheadkv", model).adapter, build_press("probe", model)
-    return module_press(module, probe, ModuleSettings(probe_weight=FUSED_WEIGHT, fusion=rule))
+    return module_press(module, probe, {"probe_weight": FUSED_WEIGHT, "fusion": rule})
 
 
 def kvpress_prefill(model, press: LkvPress, ids: torch.Tensor) -> DynamicCache:
@@ -221,7 +221,7 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
     ids = prompt(model)
 
     def lkv(probe=None, tokenizer=None, **settings) -> DynamicCache:
-        press = module_press(module, probe, ModuleSettings(**settings), tokenizer)
+        press = module_press(module, probe, settings, tokenizer)
         return kvpress_prefill(model, LkvPress(press, compression_ratio=0.5), ids)
 
     fresh, _ = build_tiny_model("llama")
@@ -229,14 +229,14 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
     def matches_lkv(ids: torch.Tensor, **settings) -> DynamicCache:
         """The exported folders in kvpress's pipeline keep what lkv's own fused press keeps; returns that cache."""
         want = lkv(probe=probe, probe_weight=FUSED_WEIGHT, fusion=fusion, **settings)
+        tokenizer = settings.pop("tokenizer", None)
         press = lookahead_press(
             tmp_path / "adapter",
             fresh,
             0.5,
             probe=tmp_path / "probe",
-            probe_weight=FUSED_WEIGHT,
-            fusion=fusion,
-            **settings,
+            settings={"probe_weight": FUSED_WEIGHT, "fusion": fusion, **settings},
+            tokenizer=tokenizer,
         )
         got = kvpress_prefill(fresh, press, ids)
         for a, b in zip(got.layers, want.layers, strict=True):
@@ -261,15 +261,17 @@ def test_lookahead_press_fuses_an_exported_adapter_with_an_exported_probe(tmp_pa
 def test_lookahead_press_refuses_bad_fusion_settings_before_loading(tmp_path, tiny_llama):
     model, _ = tiny_llama
     missing = tmp_path / "missing"  # nothing to load: a FileNotFoundError would mean the check came too late
-    with pytest.raises(ValueError, match="probe and probe_weight > 0 go together"):
-        lookahead_press(missing, model, 0.5, probe_weight=0.5)
-    with pytest.raises(ValueError, match="probe and probe_weight > 0 go together"):
+    with pytest.raises(ValueError, match="fuse the module with a probe .*there is none: give --probe"):
+        lookahead_press(missing, model, 0.5, settings={"probe_weight": 0.5})
+    with pytest.raises(ValueError, match="the settings fuse no probe"):
         lookahead_press(missing, model, 0.5, probe=missing)
-    with pytest.raises(ValueError, match="give probe_weight > 0"):
-        lookahead_press(missing, model, 0.5, fusion="union")
+    with pytest.raises(ValueError, match="fusion given without probe_weight > 0"):
+        lookahead_press(missing, model, 0.5, settings={"fusion": "union"})
     with pytest.raises(ValueError, match="fusion rule must be one of"):
-        lookahead_press(missing, model, 0.5, probe=missing, probe_weight=0.5, fusion="max")
-    with pytest.raises(ValueError, match=r"probe_weight must be in \[0, 1\]"):
-        lookahead_press(missing, model, 0.5, probe=missing, probe_weight=1.5)
+        lookahead_press(missing, model, 0.5, probe=missing, settings={"probe_weight": 0.5, "fusion": "max"})
+    with pytest.raises(ValueError, match=r"probe_weight must be a number in \(0, 1\]"):
+        lookahead_press(missing, model, 0.5, probe=missing, settings={"probe_weight": 1.5})
     with pytest.raises(ValueError, match="give the tokenizer"):
-        lookahead_press(missing, model, 0.5, sentences=0.5)
+        lookahead_press(missing, model, 0.5, settings={"sentences": 0.5})
+    with pytest.raises(ValueError, match="give the tokenizer"):
+        lookahead_press(missing, model, 0.5, probe=missing, settings="long")

@@ -40,6 +40,9 @@ class DecodeTimePress(Press):
     def score(self, ctx: PressContext) -> torch.Tensor:
         return self.press.score(ctx)
 
+    def budget_scores(self, scores: torch.Tensor, prompt_ids: torch.Tensor, budget: int) -> torch.Tensor:
+        return self.press.budget_scores(scores, prompt_ids, budget)
+
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return self.press.protected(prompt_len)
 

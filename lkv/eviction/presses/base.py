@@ -101,6 +101,13 @@ class Press(ABC):
             f"{self.name} needs the whole prompt before it can score a layer; it has no layer-streamed eviction"
         )
 
+    def budget_scores(self, scores: torch.Tensor, prompt_ids: torch.Tensor, budget: int) -> torch.Tensor:
+        """The scores the selector ranks when each KV head keeps ``budget`` entries: ``scores (1, [layers,]
+        kv_heads, S)`` from :meth:`score` (or one layer's from :meth:`layer_scorer`) of the ``(1, S)`` prompt
+        ``prompt_ids`` → the same shape. Default: ``scores``. A press whose ranking depends on the budget (a
+        sentence share from a budget on) changes them here, so one scoring serves every budget of a sweep."""
+        return scores
+
     def protected(self, prompt_len: int) -> tuple[int, int]:
         """``(sink, recent)``: leading and trailing prompt tokens this method always keeps."""
         return 0, 0

@@ -2,8 +2,7 @@
 
 LookaheadKV and the per-token probe are both trained against the answer's attention ``s_GT`` (a distribution
 over the prompt per layer and KV head) but see different things: the lookahead tokens read the question, the
-probe reads each token alone. On the far needles of experiments/reach either one keeps needles the other
-loses. Two rules combine them (:data:`RULES`):
+probe reads each token alone, so each may keep tokens the other loses. Two rules combine them (:data:`RULES`):
 
 - ``mixture``: each part's scores normalised to sum to 1 over the prompt per (layer, KV head), averaged with
   the weights, then pooled. The ensemble estimate of ``s_GT``: a token ranks high when the parts agree.
@@ -20,15 +19,10 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
-from lkv.eviction.presses.lookaheadkv import DEFAULT_KERNEL, LookaheadKVPress
-from lkv.eviction.presses.probe import ProbePress
-from lkv.eviction.presses.sentences import SentencePress, check_share, sentence_ends
 from lkv.eviction.selector import check_pooling, pool_scores, union
-from lkv.model.lookahead import LookaheadAdapter
 
 FusionRule = Literal["mixture", "union"]
 RULES: tuple[str, ...] = get_args(FusionRule)
@@ -53,7 +47,7 @@ class FusedPress(Press):
     Args:
         parts: presses whose scores are non-negative (importance distributions; for ``mixture`` unpooled, as
             the fusion pools); at most one of them may ask for a prefill capture (the one prefill has one
-            capture per press).
+            capture per press); none may rank by the budget (a sentence share wraps the fusion instead).
         weights: one per part, non-negative, summing to 1.
         kernel, pooling: 1-D pooling of the fused scores (:data:`~lkv.eviction.selector.POOLING_MODES`).
         rule: ``mixture`` or ``union``.
@@ -77,6 +71,14 @@ class FusedPress(Press):
             raise ValueError(f"fusion weights must be non-negative and sum to 1, got {list(weights)}")
         check_rule(rule)
         check_pooling(kernel, pooling)
+        ranked_per_budget = [
+            part.name for part in parts if type(part).budget_scores is not Press.budget_scores
+        ]
+        if ranked_per_budget:
+            raise ValueError(
+                f"{ranked_per_budget} rank by the budget (Press.budget_scores), which a fusion of their scores "
+                "would drop: fuse their inner presses and wrap the fusion instead"
+            )
         self.parts = list(parts)
         self.weights = [float(w) for w in weights]
         self.rule = rule
@@ -117,95 +119,3 @@ class FusedPress(Press):
     def protected(self, prompt_len: int) -> tuple[int, int]:
         sinks, recents = zip(*(part.protected(prompt_len) for part in self.parts), strict=True)
         return max(sinks), max(recents)
-
-
-# the setting of a lookahead module that fuses it with a probe (`lkv eval`'s press_args, `lkv generate`)
-PROBE_WEIGHT = "probe_weight"
-
-
-@dataclasses.dataclass(frozen=True)
-class ModuleSettings:
-    """What a lookahead module's press takes beside the module (:func:`lookahead_press`), checked when made, so
-    that each entry point (`lkv eval`'s flat ``press_args``, `lkv generate`'s flags, the kvpress integration)
-    refuses a bad setting before an output folder records it or a model loads.
-
-    Args:
-        kernel, pooling: 1-D pooling of the module's scores (:func:`~lkv.eviction.selector.check_pooling`).
-        probe_weight: the probe's weight in ``[0, 1]`` in the fused ranking (0: the module alone).
-        fusion: ``mixture`` (None: the default) or ``union``; only with ``probe_weight`` (a rule without a
-            probe would fuse nothing: refused rather than ignored).
-        sentences, sentences_beyond, sentences_scaled: the budget's share kept as whole sentences
-            (:func:`~lkv.eviction.presses.sentences.check_share`).
-    """
-
-    kernel: int = DEFAULT_KERNEL
-    pooling: str = "max"
-    probe_weight: float = 0.0
-    fusion: FusionRule | None = None
-    sentences: float = 0.0
-    sentences_beyond: int = 0
-    sentences_scaled: bool = False
-
-    def __post_init__(self) -> None:
-        check_pooling(self.kernel, self.pooling)
-        check_share(self.sentences, self.sentences_beyond, self.sentences_scaled)
-        if not 0 <= self.probe_weight <= 1:
-            raise ValueError(f"{PROBE_WEIGHT} must be in [0, 1], got {self.probe_weight}")
-        if self.fusion is not None:
-            check_rule(self.fusion)
-            if not self.probe_weight:
-                raise ValueError(
-                    f"fusion {self.fusion!r} combines the module with a probe: give {PROBE_WEIGHT} > 0 as well"
-                )
-
-
-# the names of ModuleSettings' fields: the keys `lkv eval`'s press_args take for a lookahead module
-MODULE_ARGS = tuple(field.name for field in dataclasses.fields(ModuleSettings))
-
-
-def check_sentence_tokenizer(sentences: float, tokenizer: PreTrainedTokenizerBase | None) -> None:
-    """Raise a clear error if a sentence share is asked for without the tokenizer its sentence ends come from."""
-    if sentences and tokenizer is None:
-        raise ValueError("sentences > 0 finds sentence ends with the tokenizer: give the tokenizer")
-
-
-def lookahead_press(
-    module: LookaheadAdapter,
-    probe: ProbePress | None = None,
-    settings: ModuleSettings = ModuleSettings(),
-    tokenizer: PreTrainedTokenizerBase | None = None,
-) -> Press:
-    """A lookahead module's press: LookaheadKV pooled with ``settings.kernel``, or, with ``probe_weight`` > 0,
-    fused with ``probe`` (weights ``1 − probe_weight`` and ``probe_weight``) by the rule ``fusion`` (None:
-    ``mixture``): ``mixture`` pools the mixture of the module's unpooled scores and the probe's; ``union`` ranks
-    the module's pooled scores and the probe's as each ranks alone. With ``sentences`` > 0 that share of the
-    budget keeps whole sentences around the ranking's best tokens
-    (:class:`~lkv.eviction.presses.sentences.SentencePress`; the sentence ends are read from ``tokenizer``),
-    except in the last ``sentences_beyond`` tokens; with ``sentences_scaled`` the share is scaled by the part of
-    the prompt before them."""
-    check_sentence_tokenizer(settings.sentences, tokenizer)
-    press = _ranking(module, probe, settings)
-    if not settings.sentences:
-        return press
-    return SentencePress(
-        press,
-        sentence_ends(tokenizer),
-        settings.sentences,
-        settings.sentences_beyond,
-        settings.sentences_scaled,
-    )
-
-
-def _ranking(module: LookaheadAdapter, probe: ProbePress | None, settings: ModuleSettings) -> Press:
-    """:func:`lookahead_press` before any sentence share."""
-    kernel, pooling, probe_weight = settings.kernel, settings.pooling, settings.probe_weight
-    if not probe_weight:
-        return LookaheadKVPress(module, kernel, pooling)
-    if probe is None:
-        raise ValueError(
-            f"{PROBE_WEIGHT} {probe_weight}: a lookahead module fused with a probe needs a probe"
-        )
-    weights = [1 - probe_weight, probe_weight]
-    if settings.fusion == "union":
-        return FusedPress([LookaheadKVPress(module, kernel, pooling), probe], weights, rule="union")
-    return FusedPress([LookaheadKVPress(module, kernel=1), probe], weights, kernel, pooling, "mixture")

@@ -1,26 +1,27 @@
 """Sentences: a share of the budget kept as whole sentences, so a kept value keeps the words that say what it is.
 
-On the far needles of experiments/reach (section 15) about half of what the fused LookaheadKV ranking loses at
-C = 256 keeps the value's tokens in the heads the answer reads, and the model still answers with a
-description of the value rather than the value: the tokens kept are the value's, not always the sentence
-that names it. :class:`SentencePress` lifts its inner press's ranking to sentences (a sentence ranks by its
-best token; inside a sentence, tokens keep their own order) and merges that with the token ranking by the
-union rule (:func:`~lkv.eviction.selector.union`): the top ``C`` holds the inner press's best tokens and the
-whole sentences around its best ones, ``share`` of ``C`` the sentences'. A sentence ends at a token whose text
-holds ``.``, ``!``, ``?`` or a line break (:data:`SENTENCE_ENDS`), so in code a line is a sentence.
+A ranking that keeps a value's tokens may drop the sentence that names the value, and the model then answers
+with a description of the value rather than the value. :class:`SentencePress` lifts its inner press's ranking
+to sentences (a sentence ranks by its best token; inside a sentence, tokens keep their own order) and merges
+that with the token ranking by the union rule (:func:`~lkv.eviction.selector.union`): the top ``C`` holds the
+inner press's best tokens and the whole sentences around its best ones, ``share`` of ``C`` the sentences'. A
+sentence ends at a token whose text holds ``.``, ``!``, ``?`` or a line break (:data:`SENTENCE_ENDS`), so in
+code a line is a sentence.
 
 With ``beyond`` > 0 only positions more than ``beyond`` tokens before the end of the prompt form sentences; the
-last ``beyond`` tokens each stand alone, so there the sentence ranking is the token ranking. Sentences lend reach
-to far tokens (section 16 of experiments/reach: far needles gain, 1K needles lose at C = 256); a prompt no longer
-than ``beyond`` is kept exactly as the inner press keeps it. With ``scaled`` the share is ``share · (S − beyond) / S``
-for an ``S``-token prompt: the sentences get the part of the budget that the prompt's far part is of the prompt,
-so a prompt barely longer than ``beyond`` keeps nearly all of its budget for the token ranking (which keeps the
-near tokens), and a prompt many times ``beyond`` (the users' 16K–128K) nearly all of ``share``.
+last ``beyond`` tokens each stand alone, so there the sentence ranking is the token ranking: sentences lend
+reach to far tokens, while near the end the token ranking alone already keeps what the answer reads. A prompt
+no longer than ``beyond`` is kept exactly as the inner press keeps it. With ``scaled`` the share is
+``share · (S − beyond) / S`` for an ``S``-token prompt: the sentences get the part of the budget that the
+prompt's far part is of the prompt, so a prompt barely longer than ``beyond`` keeps nearly all of its budget for
+the token ranking, and a prompt many times ``beyond`` nearly all of ``share``. With ``from_budget`` > 0 a budget
+below it is ranked by the inner press alone: a small budget holds too few tokens to spend some on sentences.
+
+The merge depends on the budget, so it is applied when the scores are ranked for one
+(:meth:`SentencePress.budget_scores`); :meth:`SentencePress.score` gives the inner press's scores.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -65,8 +66,8 @@ def sentence_rank(scores: torch.Tensor, sentence: torch.Tensor) -> torch.Tensor:
 
 
 class SentencePress(Press):
-    """Scores ``(1, layers, kv_heads, S)``: ``union([inner, −sentence_rank(inner)], [1 − share, share])``
-    (module docstring).
+    """Scores ``(1, layers, kv_heads, S)``: the inner press's; ranked at a budget ``C ≥ from_budget`` as
+    ``union([inner, −sentence_rank(inner)], [1 − share, share])`` (module docstring).
 
     Args:
         inner: the press whose ranking is lifted to sentences.
@@ -74,10 +75,17 @@ class SentencePress(Press):
         share: the share of the budget ranked by whole sentences, in ``(0, 1]`` (1: sentences only).
         beyond: tokens at the end of the prompt that stay single tokens (0: sentences everywhere).
         scaled: the share scaled by the far part of the prompt, ``share · (S − beyond) / S`` (needs ``beyond``).
+        from_budget: the smallest per-head budget the share applies at (0: every budget).
     """
 
     def __init__(
-        self, inner: Press, ends: torch.Tensor, share: float, beyond: int = 0, scaled: bool = False
+        self,
+        inner: Press,
+        ends: torch.Tensor,
+        share: float,
+        beyond: int = 0,
+        scaled: bool = False,
+        from_budget: int = 0,
     ) -> None:
         check_share(share, beyond, scaled)
         if share == 0:
@@ -87,6 +95,7 @@ class SentencePress(Press):
         self.share = float(share)
         self.beyond = beyond
         self.scaled = scaled
+        self.from_budget = from_budget
         self.name = inner.name
         self.streamable = inner.streamable
 
@@ -96,24 +105,23 @@ class SentencePress(Press):
             return self.share
         return self.share * max(0, prompt_len - self.beyond) / prompt_len
 
-    def _lifter(self, prompt_ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``(1, S)`` prompt tokens → a map from ``(..., S)`` inner scores to the merged scores, same shape."""
-        sentence = sentence_index(prompt_ids, self.ends, self.beyond)  # once per prompt, not per layer
-        share = self.prompt_share(prompt_ids.shape[1])
-        return lambda scores: union([scores, -sentence_rank(scores, sentence)], [1 - share, share])
-
     def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         return self.inner.prefill_capture(prompt_len)
 
     def score(self, ctx: PressContext) -> torch.Tensor:
-        return self._lifter(ctx.prompt_ids)(self.inner.score(ctx))
+        return self.inner.score(ctx)
 
     def layer_scorer(self, ctx: StreamContext) -> LayerScorer:
-        if not self.streamable:
-            return super().layer_scorer(ctx)
-        scorer = self.inner.layer_scorer(ctx)
-        lift = self._lifter(ctx.prompt_ids)
-        return lambda layer: lift(scorer(layer))
+        return self.inner.layer_scorer(ctx)
+
+    def budget_scores(self, scores: torch.Tensor, prompt_ids: torch.Tensor, budget: int) -> torch.Tensor:
+        """``scores (1, [layers,] kv_heads, S)`` merged with their sentence ranking at ``budget ≥ from_budget``."""
+        scores = self.inner.budget_scores(scores, prompt_ids, budget)
+        if budget < self.from_budget:
+            return scores
+        sentence = sentence_index(prompt_ids, self.ends, self.beyond)
+        share = self.prompt_share(prompt_ids.shape[1])
+        return union([scores, -sentence_rank(scores, sentence)], [1 - share, share])
 
     def protected(self, prompt_len: int) -> tuple[int, int]:
         return self.inner.protected(prompt_len)
