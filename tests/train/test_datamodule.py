@@ -221,7 +221,7 @@ def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
 
     import numpy as np
 
-    from lkv.labels.mix import _buffered
+    from lkv.labels.mix import ShuffleBuffer, _buffered
 
     rows = [{"id": i, "a": np.zeros(10 if i < 50 else 1000, dtype=np.uint8)} for i in range(200)]
     pulled = []
@@ -232,7 +232,7 @@ def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
             yield row
 
     out, worst = [], 0
-    for row in _buffered(stream(), 40, random.Random(0), max_bytes=5000):
+    for row in _buffered(stream(), ShuffleBuffer(40, 5000, random.Random(0))):
         out.append(row["id"])
         held_ids = {r["id"] for r in pulled} - set(out)  # read, not yet handed out
         worst = max(worst, sum(rows[i]["a"].nbytes for i in held_ids))
