@@ -44,9 +44,6 @@ from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
 from lkv.train.progress import FitProgressLines
 
-# Data settings that may change between a run and its resumption: they do not change the samples.
-RESUMABLE_DATA_CHANGES = ("num_workers",)
-
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes a checkpoint to a hidden file beside its final path, then renames it into place.
@@ -140,14 +137,12 @@ class LookaheadCLI(LightningCLI):
 
     def _check_same_run(self, checkpoint: dict[str, Any], path: Path) -> None:
         """Refuse to resume from ``checkpoint`` (read from ``path``) when it was written with other module or
-        data settings."""
+        data settings. ``data.num_workers`` counts too: the training loader's position is kept per worker, and
+        a streamed set's order depends on how its rows are split among the workers."""
         diffs = _differences(checkpoint.get("hyper_parameters", {}), self.model.hparams, "model.")
         if self.datamodule is not None and "datamodule_hyper_parameters" in checkpoint:
-            saved, current = dict(checkpoint["datamodule_hyper_parameters"]), dict(self.datamodule.hparams)
-            for key in RESUMABLE_DATA_CHANGES:
-                saved.pop(key, None)
-                current.pop(key, None)
-            diffs += _differences(saved, current, "data.")
+            saved = checkpoint["datamodule_hyper_parameters"]
+            diffs += _differences(saved, self.datamodule.hparams, "data.")
         if diffs:
             raise ValueError(
                 f"checkpoint {path} belongs to a different run: resuming needs the settings it was written "
