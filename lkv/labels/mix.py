@@ -264,7 +264,7 @@ class StreamedLabels(IterableDataset):
         self.shuffle, self.seed, self.buffer, self.buffer_bytes = shuffle, seed, buffer, buffer_bytes
         # shared memory: DataLoader workers that persist across epochs see `set_epoch` of the main process
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
-        self._position = {"epoch": 0, "yielded": 0}  # of the current iteration (in this worker)
+        self._position: dict[str, int] | None = None  # of the current iteration (in this worker)
         self._resume: dict[str, int] | None = None  # a loaded state, for the next iteration
 
     def set_epoch(self, epoch: int) -> None:
@@ -279,8 +279,8 @@ class StreamedLabels(IterableDataset):
         return sum(self.per_rank)
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "yielded"}`` of the current iteration in this worker (before any: ``yielded`` 0)."""
-        return dict(self._position)
+        """``{"epoch", "yielded"}`` of the current iteration in this worker (before any: the next epoch, 0)."""
+        return dict(self._position or {"epoch": int(self._epoch), "yielded": 0})
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Make the next iteration continue epoch ``state["epoch"]`` after its first ``state["yielded"]`` rows.
@@ -314,6 +314,8 @@ class StreamedLabels(IterableDataset):
         return pieces
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        # the epoch and the position are fixed here, not at the first row: DataLoader workers report the state
+        # of an iteration as soon as it is created
         resume, self._resume = self._resume, None
         epoch, skip = (resume["epoch"], resume["yielded"]) if resume else (int(self._epoch), 0)
         info = get_worker_info()
@@ -327,6 +329,9 @@ class StreamedLabels(IterableDataset):
             rows = self._shuffled(pieces, skip, buffer)
         else:
             rows = self._read(_window(pieces, skip, _count(pieces)))
+        return self._counted(rows)
+
+    def _counted(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for row in rows:
             self._position["yielded"] += 1
             yield row

@@ -239,3 +239,49 @@ def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
         assert len(held_ids) <= 40
     assert sorted(out) == list(range(200)) and out != list(range(200))
     assert worst <= 5000 + 1000  # the bound plus the row being swapped in
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
+    two_sources, monkeypatch, shuffle
+):
+    """A stream's state after ``k`` rows resumes with exactly the rest of the uninterrupted iteration. Before
+    ``k`` only the small columns are read (the buffer's draws are replayed over the rows' sizes): every row
+    of the resumed iteration is read whole once, no other. The buffer of 3 rows and 1700 bytes (rows are
+    about 700 to 1100 bytes) is bound by its bytes as well as its count."""
+    import lkv.labels.mix
+
+    a, b = two_sources
+    sources = [LabelSource.open(a), LabelSource.open(b)]
+    quotas = epoch_quotas([s.rows for s in sources], [1.0, 2.0])  # 3 rows of `a`, each row of `b` twice
+
+    def stream() -> StreamedLabels:
+        return StreamedLabels(sources, quotas, 0, 1, shuffle=shuffle, seed=5, buffer=3, buffer_bytes=1700)
+
+    read, whole_rows = lkv.labels.mix.read_rows, []
+
+    def counting(path, first, end, columns=None):
+        for row in read(path, first, end, columns):
+            if columns is None:
+                whole_rows.append(row["id"])
+            yield row
+
+    monkeypatch.setattr(lkv.labels.mix, "read_rows", counting)
+    uninterrupted = stream()
+    uninterrupted.set_epoch(1)
+    whole = [row["id"] for row in uninterrupted]
+    assert len(whole) == 9
+    for k in range(len(whole) + 1):
+        killed = stream()
+        killed.set_epoch(1)
+        rows = iter(killed)
+        assert [next(rows)["id"] for _ in range(k)] == whole[:k]
+        state = killed.state_dict()
+        assert state == {"epoch": 1, "yielded": k}
+        resumed = stream()  # epoch 0 until the state says otherwise
+        resumed.load_state_dict(state)
+        whole_rows.clear()
+        assert [row["id"] for row in resumed] == whole[k:], k
+        assert sorted(whole_rows) == sorted(whole[k:]), k
+    with pytest.raises(ValueError, match="streamed label state: expected non-negative 'epoch' and 'yielded'"):
+        stream().load_state_dict({"epoch": 1})
