@@ -17,8 +17,8 @@ checkpointing). The rows left over are dropped from the epoch:
   ``⌊N_i / world⌋`` rows (in shard order, counted from the parquet footers), so a rank reads only its own
   slices' shards; at most ``world − 1`` rows per source are never streamed.
 
-A streamed set is resumable mid-epoch through the ``state_dict`` protocol of torchdata's ``StatefulDataLoader``
-(:meth:`StreamedLabels.state_dict`): its state is the epoch and the rows handed out, the same on every rank,
+A streamed set is resumable mid-epoch through the ``state_dict`` protocol of torchdata's
+``StatefulDataLoader`` (:meth:`StreamedLabels.state_dict`): its state is the epoch and the rows handed out, the same on every rank,
 and a resumed stream rebuilds its shuffle buffer from the small columns of the rows before that point
 instead of reading them whole.
 """
@@ -279,11 +279,13 @@ class StreamedLabels(IterableDataset):
         return sum(self.per_rank)
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "yielded"}`` of the current iteration in this worker (before any: the next epoch, 0)."""
+        """``{"epoch", "yielded"}`` of the current iteration in this worker (before the first: the epoch set
+        and 0)."""
         return dict(self._position or {"epoch": int(self._epoch), "yielded": 0})
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Make the next iteration continue epoch ``state["epoch"]`` after its first ``state["yielded"]`` rows.
+        """Make the next iteration continue epoch ``state["epoch"]`` after its first ``state["yielded"]``
+        rows.
 
         Raises:
             ValueError: a state without those two non-negative integers.

@@ -11,9 +11,9 @@ TensorBoard is the default logger; every fit run carries an HParams session that
 ``lkv fit --config X.yaml --ckpt_path last`` is one command for a first run and for every restart after
 an interruption: with no checkpoint yet it starts from scratch, otherwise it resumes from ``last.ckpt`` at
 its global step, logging into the TensorBoard run folder (``version_N``) of the run it resumes (kept in every
-checkpoint by :class:`TensorBoardRun`). Before anything is written, ``fit`` refuses to resume from a checkpoint made with other
-model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a checkpoint folder that
-already holds checkpoints, so an earlier run is never overwritten.
+checkpoint by :class:`TensorBoardRun`). Before anything is written, ``fit`` refuses to resume from a
+checkpoint made with other model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a
+checkpoint folder that already holds checkpoints, so an earlier run is never overwritten.
 
 A config may include another: a top-level ``config: recipes/paper.yaml`` (relative to the including file)
 is read first, and the including file's keys, nested or dotted (``model.model: Qwen/Qwen3-8B``), win.
@@ -71,11 +71,14 @@ class TensorBoardRun(L.Callback):
     """Keeps the TensorBoard run of a fit in its checkpoints: ``{"root_dir": absolute, "version": N}`` of the
     first TensorBoard logger, so that :class:`LookaheadCLI` resumes logging in that ``version_N`` folder."""
 
+    def __init__(self) -> None:
+        self.trainer: L.Trainer | None = None
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:
-        logger = _tensorboard(getattr(self, "trainer", None))
+        logger = _tensorboard(self.trainer)
         if logger is None:
             return {}
         return {"root_dir": os.path.abspath(logger.root_dir), "version": logger.version}
@@ -125,8 +128,9 @@ class LookaheadCLI(LightningCLI):
                 self._continue_run_folder(checkpoint)
 
     def _continue_run_folder(self, checkpoint: dict[str, Any]) -> None:
-        """Log into the TensorBoard ``version_N`` folder the checkpoint's run logged into (:class:`TensorBoardRun`),
-        when this fit's TensorBoard logger has the same root folder and no version of its own."""
+        """Log into the TensorBoard ``version_N`` folder that the checkpoint's run logged into
+        (:class:`TensorBoardRun`), when this fit's TensorBoard logger has the same root folder and no version
+        of its own."""
         run = checkpoint.get("callbacks", {}).get(TensorBoardRun.__qualname__, {})
         logger = _tensorboard(self.trainer)
         if not run or logger is None or os.path.abspath(logger.root_dir) != run["root_dir"]:

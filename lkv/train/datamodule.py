@@ -9,9 +9,9 @@ optional sampling weights (:mod:`lkv.labels.mix`). Under DDP every rank gets exa
 batches per epoch, map-style or streamed, whatever the row counts; the few rows that do not divide evenly
 are left out of that epoch.
 
-Loaders are torchdata ``StatefulDataLoader``s. The training loader (:class:`LabelLoader`) keeps its epoch in
-its state, and the DataModule keeps that state in every checkpoint too (:meth:`LabelDataModule.state_dict`), so
-a resumed fit trains exactly the batches an uninterrupted one would: from a mid-epoch checkpoint the rest of
+Loaders are torchdata ``StatefulDataLoader``s. The training loader (:class:`LabelLoader`) keeps its epoch
+in its state, and the DataModule keeps that state in every checkpoint too
+(:meth:`LabelDataModule.state_dict`), so a resumed fit trains exactly the batches an uninterrupted one would: from a mid-epoch checkpoint the rest of
 that epoch, from one written after an epoch's last batch the next epoch. The training order is a seeded plan
 per epoch (or the stored order with ``shuffle=False``), rebuilt from the seed and the epoch.
 
@@ -85,7 +85,7 @@ class LabelLoader(StatefulDataLoader):
 
     def __init__(
         self, data: MixedLabels | StreamedLabels, epochs: MixSampler | StreamedLabels, **kwargs: Any
-    ):
+    ) -> None:
         super().__init__(data, **kwargs)
         self.epochs = epochs
 
@@ -185,9 +185,8 @@ class LabelDataModule(L.LightningDataModule):
         }
         self.sources: dict[str, list[LabelSource]] = {}
         self.datasets: dict[str, MixedLabels | StreamedLabels] = {}
-        self._train_state: dict[str, Any] | None = (
-            None  # a checkpoint's loader state, for the next train loader
-        )
+        # a checkpoint's training loader state, for the next training loader built (`load_state_dict`)
+        self._train_state: dict[str, Any] | None = None
 
     def _sources(self, split: str) -> list[LabelSource]:
         """A split's folders with their metadata and shard row counts (read once)."""
@@ -295,8 +294,8 @@ class LabelDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """``{"train_loader": the training loader's state}`` while a fit holds one (else empty).
 
-        Lightning keeps the same state under its fit loop, but loads it only when the training loader is first
-        built after the checkpoint was read; a cosine schedule builds it before (``estimated_stepping_batches``
+        Lightning keeps the same state under its fit loop, but loads it only when the training loader is
+        first built after the checkpoint was read; a cosine schedule builds it before (``estimated_stepping_batches``
         in ``configure_optimizers``, Lightning issue 20550), and the position would be lost. The DataModule's
         own state is read before that (for DDP strategies: before the strategy's setup) and is loaded into
         the first training loader built after it.

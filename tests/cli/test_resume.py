@@ -1,6 +1,6 @@
-"""Exact resumption of `lkv fit`: a fit resumed from any checkpoint, mid-epoch or at an epoch's end, trains the
-batches an uninterrupted run trains at the same steps, in the same order, on every rank; and it logs into the
-TensorBoard run folder of the run it resumes.
+"""Exact resumption of `lkv fit`: a fit resumed from any checkpoint, mid-epoch or at an epoch's end, trains
+the batches an uninterrupted run trains at the same steps, in the same order, on every rank; and it logs into
+the TensorBoard run folder of the run it resumes.
 
 The fits here use the defaults that made resuming lose its place: a cosine schedule sized from
 ``max_epochs`` (Lightning builds the training loader for it before reading the checkpoint), shuffling, a
