@@ -350,8 +350,9 @@ class StreamedLabels(IterableDataset):
         consumed, pending = 0, []
         if skip:
             consumed, pending = buffer.replay(self._sizes(pieces), skip)
-            buffer.items = [(self._row(address), size) for address, size in buffer.items]
-            pending = [self._row(address) for address in pending]
+            rows = self._rows_at([address for address, _ in buffer.items] + pending)
+            buffer.items = [(rows[address], size) for address, size in buffer.items]
+            pending = [rows[address] for address in pending]
         yield from pending
         yield from _buffered(self._read(_window(pieces, consumed, _count(pieces))), buffer)
 
@@ -367,9 +368,16 @@ class StreamedLabels(IterableDataset):
                 size = per_token * row["prompt_len"] + row["response_ids"].nbytes
                 yield (source, file, first + offset), size
 
-    def _row(self, address: Address) -> dict[str, Any]:
-        source, file, row = address
-        return next(self._read([(source, file, row, row + 1)]))
+    def _rows_at(self, addresses: list[Address]) -> dict[Address, dict[str, Any]]:
+        """The rows at ``addresses``, reading each row group that holds any of them once."""
+        by_file: dict[tuple[int, int], list[int]] = {}
+        for source, file, row in addresses:
+            by_file.setdefault((source, file), []).append(row)
+        return {
+            (source, file, row): {**values, SOURCE_KEY: source}
+            for (source, file), rows in by_file.items()
+            for row, values in read_rows_at(self.sources[source].files[file], rows).items()
+        }
 
 
 Address = tuple[int, int, int]  # (source, file, row within the file) of one streamed row
@@ -486,11 +494,30 @@ def read_rows(path: str, first: int, end: int, columns: list[str] | None = None)
         rows = shard.metadata.row_group(group).num_rows
         lo, hi = max(first, group_start), min(end, group_start + rows)
         if lo < hi:
-            table = shard.read_row_group(group, columns=columns).slice(lo - group_start, hi - lo)
-            values = {name: table.column(name).combine_chunks() for name in table.column_names}
-            for i in range(table.num_rows):
-                yield {name: _value(column, i) for name, column in values.items()}
+            yield from _table_rows(
+                shard.read_row_group(group, columns=columns).slice(lo - group_start, hi - lo)
+            )
         group_start += rows
+
+
+def read_rows_at(path: str, rows: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """Rows ``rows`` (indices within one shard) by index, reading each row group that holds any of them once."""
+    shard = pq.ParquetFile(path)
+    wanted, out, group_start = sorted(set(rows)), {}, 0
+    for group in range(shard.num_row_groups):
+        end = group_start + shard.metadata.row_group(group).num_rows
+        here = [row for row in wanted if group_start <= row < end]
+        if here:
+            table = shard.read_row_group(group).take([row - group_start for row in here])
+            out.update(zip(here, _table_rows(table), strict=True))
+        group_start = end
+    return out
+
+
+def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+    values = {name: table.column(name).combine_chunks() for name in table.column_names}
+    for i in range(table.num_rows):
+        yield {name: _value(column, i) for name, column in values.items()}
 
 
 def _value(column: pa.Array, i: int) -> Any:

@@ -247,7 +247,7 @@ def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
 ):
     """A stream's state after ``k`` rows resumes with exactly the rest of the uninterrupted iteration. Before
     ``k`` only the small columns are read (the buffer's draws are replayed over the rows' sizes): every row
-    of the resumed iteration is read whole once, no other. The buffer of 3 rows and 1700 bytes (rows are
+    of the resumed iteration is read whole at most once, no other. The buffer of 3 rows and 1700 bytes (rows are
     about 700 to 1100 bytes) is bound by its bytes as well as its count."""
     import lkv.labels.mix
 
@@ -258,7 +258,7 @@ def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
     def stream() -> StreamedLabels:
         return StreamedLabels(sources, quotas, 0, 1, shuffle=shuffle, seed=5, buffer=3, buffer_bytes=1700)
 
-    read, whole_rows = lkv.labels.mix.read_rows, []
+    read, read_at, whole_rows = lkv.labels.mix.read_rows, lkv.labels.mix.read_rows_at, []
 
     def counting(path, first, end, columns=None):
         for row in read(path, first, end, columns):
@@ -266,7 +266,13 @@ def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
                 whole_rows.append(row["id"])
             yield row
 
+    def counting_at(path, rows):
+        found = read_at(path, rows)
+        whole_rows.extend(row["id"] for row in found.values())
+        return found
+
     monkeypatch.setattr(lkv.labels.mix, "read_rows", counting)
+    monkeypatch.setattr(lkv.labels.mix, "read_rows_at", counting_at)
     uninterrupted = stream()
     uninterrupted.set_epoch(1)
     whole = [row["id"] for row in uninterrupted]
@@ -282,6 +288,7 @@ def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
         resumed.load_state_dict(state)
         whole_rows.clear()
         assert [row["id"] for row in resumed] == whole[k:], k
-        assert sorted(whole_rows) == sorted(whole[k:]), k
+        # a row of `b` that the buffer holds twice is read once
+        assert set(whole_rows) == set(whole[k:]) and len(whole_rows) <= len(whole) - k, k
     with pytest.raises(ValueError, match="streamed label state: expected non-negative 'epoch' and 'yielded'"):
         stream().load_state_dict({"epoch": 1})
