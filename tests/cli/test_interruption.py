@@ -173,3 +173,5 @@ def test_training_loader_resumes_at_any_batch_of_any_epoch(workspace, streaming,
         assert rest == (whole[1][taken:] if taken < 6 else whole[2]), taken
         set_epoch(data, dl, 2)
         assert taken == 6 or epoch(dl) == whole[2]
+    with pytest.raises(ValueError, match="training loader state: expected a non-negative integer 'epoch'"):
+        dl.load_state_dict({"epoch": -1, "loader": {}})
