@@ -18,9 +18,9 @@ checkpointing). The rows left over are dropped from the epoch:
   slices' shards; at most ``world − 1`` rows per source are never streamed.
 
 A streamed set is resumable mid-epoch through the ``state_dict`` protocol of torchdata's
-``StatefulDataLoader`` (:meth:`StreamedLabels.state_dict`): its state is the epoch and the rows handed out, the same on every rank,
-and a resumed stream rebuilds its shuffle buffer from the small columns of the rows before that point
-instead of reading them whole.
+``StatefulDataLoader`` (:meth:`StreamedLabels.state_dict`): its state is the epoch and the rows handed out,
+the same on every rank, and a resumed stream rebuilds its shuffle buffer from the small columns of the rows
+before that point instead of reading them whole.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ class StreamedLabels(IterableDataset):
     keeps, resumes every rank. The next iteration continues that epoch at that row, exactly as an
     uninterrupted iteration would: without shuffling it starts reading there; with shuffling it replays
     the buffer's draws over the rows' ids and sizes (the ``prompt_len`` and ``response_ids`` columns only),
-    then reads just the rows the buffer holds at that point.
+    then reads whole just the row groups of the rows the buffer holds at that point.
 
     Args:
         sources: the label folders.
@@ -501,7 +501,8 @@ def read_rows(path: str, first: int, end: int, columns: list[str] | None = None)
 
 
 def read_rows_at(path: str, rows: Sequence[int]) -> dict[int, dict[str, Any]]:
-    """Rows ``rows`` (indices within one shard) by index, reading each row group that holds any of them once."""
+    """Rows ``rows`` (indices within one shard) by index, reading each row group that holds any of them
+    once."""
     shard = pq.ParquetFile(path)
     wanted, out, group_start = sorted(set(rows)), {}, 0
     for group in range(shard.num_row_groups):

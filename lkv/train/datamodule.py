@@ -11,9 +11,10 @@ are left out of that epoch.
 
 Loaders are torchdata ``StatefulDataLoader``s. The training loader (:class:`LabelLoader`) keeps its epoch
 in its state, and the DataModule keeps that state in every checkpoint too
-(:meth:`LabelDataModule.state_dict`), so a resumed fit trains exactly the batches an uninterrupted one would: from a mid-epoch checkpoint the rest of
-that epoch, from one written after an epoch's last batch the next epoch. The training order is a seeded plan
-per epoch (or the stored order with ``shuffle=False``), rebuilt from the seed and the epoch.
+(:meth:`LabelDataModule.state_dict`), so a resumed fit trains exactly the batches an uninterrupted one
+would: from a mid-epoch checkpoint the rest of that epoch, from one written after an epoch's last batch the
+next epoch. The training order is a seeded plan per epoch (or the stored order with ``shuffle=False``),
+rebuilt from the seed and the epoch.
 
 ``limit_train_samples: N`` trains on the first ``N`` rows of each train folder by sample id
 (:func:`lkv.labels.mix.first_by_id`), a data-scaling study's nested subsets (the first 64 ⊂ the first 128
@@ -295,10 +296,10 @@ class LabelDataModule(L.LightningDataModule):
         """``{"train_loader": the training loader's state}`` while a fit holds one (else empty).
 
         Lightning keeps the same state under its fit loop, but loads it only when the training loader is
-        first built after the checkpoint was read; a cosine schedule builds it before (``estimated_stepping_batches``
-        in ``configure_optimizers``, Lightning issue 20550), and the position would be lost. The DataModule's
-        own state is read before that (for DDP strategies: before the strategy's setup) and is loaded into
-        the first training loader built after it.
+        first built after the checkpoint was read; a cosine schedule builds it before
+        (``estimated_stepping_batches`` in ``configure_optimizers``, Lightning issue 20550), and the position
+        would be lost. The DataModule's own state is read before that (for DDP strategies: before the
+        strategy's setup) and is loaded into the first training loader built after it.
         """
         loader = self.trainer.train_dataloader if self.trainer is not None else None
         return {"train_loader": loader.state_dict()} if isinstance(loader, LabelLoader) else {}
