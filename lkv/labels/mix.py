@@ -16,13 +16,18 @@ checkpointing). The rows left over are dropped from the epoch:
 - streamed (:class:`StreamedLabels`): each source is cut into ``world`` contiguous slices of
   ``⌊N_i / world⌋`` rows (in shard order, counted from the parquet footers), so a rank reads only its own
   slices' shards; at most ``world − 1`` rows per source are never streamed.
+
+A streamed set is resumable mid-epoch through the ``state_dict`` protocol of torchdata's
+``StatefulDataLoader`` (:meth:`StreamedLabels.state_dict`): its state is the epoch and the rows handed out,
+the same on every rank, and a resumed stream rebuilds its shuffle buffer from the small columns of the rows
+before that point instead of reading them whole.
 """
 
 from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,6 +225,14 @@ class StreamedLabels(IterableDataset):
     settings also yield the same number of batches. Reading is sequential per shard (one row group at a
     time), never the whole set.
 
+    Resuming (:meth:`state_dict`, :meth:`load_state_dict`, called by torchdata's ``StatefulDataLoader`` per
+    worker): the state is ``{"epoch", "yielded"}``, the epoch being read and the rows this worker has handed
+    out of it. Both are equal on every rank (equal row counts), so rank 0's state, the one a checkpoint
+    keeps, resumes every rank. The next iteration continues that epoch at that row, exactly as an
+    uninterrupted iteration would: without shuffling it starts reading there; with shuffling it replays
+    the buffer's draws over the rows' ids and sizes (the ``prompt_len`` and ``response_ids`` columns only),
+    then reads whole just the row groups of the rows the buffer holds at that point.
+
     Args:
         sources: the label folders.
         quotas: rows per source per epoch (:func:`epoch_quotas`).
@@ -251,12 +264,37 @@ class StreamedLabels(IterableDataset):
         self.shuffle, self.seed, self.buffer, self.buffer_bytes = shuffle, seed, buffer, buffer_bytes
         # shared memory: DataLoader workers that persist across epochs see `set_epoch` of the main process
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+        self._position: dict[str, int] | None = None  # of the current iteration (in this worker)
+        self._resume: dict[str, int] | None = None  # a loaded state, for the next iteration
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch.fill_(epoch)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads (unless a loaded state names another)."""
+        return int(self._epoch)
+
     def __len__(self) -> int:
         return sum(self.per_rank)
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "yielded"}`` of the current iteration in this worker (before the first: the epoch set
+        and 0)."""
+        return dict(self._position or {"epoch": int(self._epoch), "yielded": 0})
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Make the next iteration continue epoch ``state["epoch"]`` after its first ``state["yielded"]``
+        rows.
+
+        Raises:
+            ValueError: a state without those two non-negative integers.
+        """
+        if not all(isinstance(state.get(key), int) and state[key] >= 0 for key in ("epoch", "yielded")):
+            raise ValueError(
+                f"streamed label state: expected non-negative 'epoch' and 'yielded', got {state}"
+            )
+        self._resume = {"epoch": state["epoch"], "yielded": state["yielded"]}
 
     def plan(self, epoch: int) -> list[Piece]:
         """This rank's pieces for ``epoch`` in reading order (shard order, or shuffled)."""
@@ -278,19 +316,71 @@ class StreamedLabels(IterableDataset):
         return pieces
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch = int(self._epoch)
+        # the epoch and the position are fixed here, not at the first row: DataLoader workers report the state
+        # of an iteration as soon as it is created
+        resume, self._resume = self._resume, None
+        epoch, skip = (resume["epoch"], resume["yielded"]) if resume else (int(self._epoch), 0)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         pieces = _share(self.plan(epoch), len(self), worker, workers)
-        rows = (
+        self._position = {"epoch": epoch, "yielded": skip}
+        if self.shuffle:
+            buffer = ShuffleBuffer(
+                self.buffer, self.buffer_bytes, random.Random(f"{self.seed}/{epoch}/{worker}")
+            )
+            rows = self._shuffled(pieces, skip, buffer)
+        else:
+            rows = self._read(_window(pieces, skip, _count(pieces)))
+        return self._counted(rows)
+
+    def _counted(self, rows: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for row in rows:
+            self._position["yielded"] += 1
+            yield row
+
+    def _read(self, pieces: list[Piece]) -> Iterator[dict[str, Any]]:
+        return (
             {**row, SOURCE_KEY: source}
             for source, file, first, end in pieces
             for row in read_rows(self.sources[source].files[file], first, end)
         )
-        if self.shuffle:
-            rng = random.Random(f"{self.seed}/{epoch}/{worker}")
-            rows = _buffered(rows, self.buffer, rng, self.buffer_bytes)
-        yield from rows
+
+    def _shuffled(self, pieces: list[Piece], skip: int, buffer: ShuffleBuffer) -> Iterator[dict[str, Any]]:
+        """The rows of ``pieces`` through ``buffer``, from output ``skip`` on."""
+        consumed, pending = 0, []
+        if skip:
+            consumed, pending = buffer.replay(self._sizes(pieces), skip)
+            rows = self._rows_at([address for address, _ in buffer.items] + pending)
+            buffer.items = [(rows[address], size) for address, size in buffer.items]
+            pending = [rows[address] for address in pending]
+        yield from pending
+        yield from _buffered(self._read(_window(pieces, consumed, _count(pieces))), buffer)
+
+    def _sizes(self, pieces: list[Piece]) -> Iterator[tuple[Address, int]]:
+        """``(address, row_bytes)`` of every row of ``pieces`` in order, from their small columns only."""
+        for source, file, first, end in pieces:
+            meta = self.sources[source].meta
+            per_token = np.dtype("int32").itemsize  # prompt_ids
+            if meta.store_scores:
+                per_token += meta.num_layers * meta.num_kv_heads * np.dtype(meta.score_dtype).itemsize
+            path = self.sources[source].files[file]
+            for offset, row in enumerate(read_rows(path, first, end, columns=["prompt_len", "response_ids"])):
+                size = per_token * row["prompt_len"] + row["response_ids"].nbytes
+                yield (source, file, first + offset), size
+
+    def _rows_at(self, addresses: list[Address]) -> dict[Address, dict[str, Any]]:
+        """The rows at ``addresses``, reading each row group that holds any of them once."""
+        by_file: dict[tuple[int, int], list[int]] = {}
+        for source, file, row in addresses:
+            by_file.setdefault((source, file), []).append(row)
+        return {
+            (source, file, row): {**values, SOURCE_KEY: source}
+            for (source, file), rows in by_file.items()
+            for row, values in read_rows_at(self.sources[source].files[file], rows).items()
+        }
+
+
+Address = tuple[int, int, int]  # (source, file, row within the file) of one streamed row
 
 
 def _cut_at_files(source: LabelSource, first: int, end: int) -> Iterator[tuple[int, int, int]]:
@@ -305,7 +395,11 @@ def _cut_at_files(source: LabelSource, first: int, end: int) -> Iterator[tuple[i
 
 def _share(pieces: list[Piece], total: int, worker: int, workers: int) -> list[Piece]:
     """Worker ``worker``'s rows: the ``worker``-th of ``workers`` contiguous, equal-count parts of ``pieces``."""
-    lo, hi = worker * total // workers, (worker + 1) * total // workers
+    return _window(pieces, worker * total // workers, (worker + 1) * total // workers)
+
+
+def _window(pieces: list[Piece], lo: int, hi: int) -> list[Piece]:
+    """Rows ``[lo, hi)`` of the row sequence that ``pieces`` spell out, as pieces."""
     out, position = [], 0
     for source, file, first, end in pieces:
         a, b = max(lo, position), min(hi, position + end - first)
@@ -315,31 +409,72 @@ def _share(pieces: list[Piece], total: int, worker: int, workers: int) -> list[P
     return out
 
 
-def _buffered(rows: Iterator[dict], size: int, rng: random.Random, max_bytes: int) -> Iterator[dict]:
-    """Shuffle a stream through a buffer of at most ``size`` rows and ``max_bytes`` bytes of arrays.
+def _count(pieces: list[Piece]) -> int:
+    return sum(end - first for _, _, first, end in pieces)
 
-    The buffer fills up to either limit (at least one row), then each new row is swapped for a random one
-    it holds; when larger rows push it over ``max_bytes``, random rows leave it until it is within.
-    Memory: at most ``max_bytes`` plus the row being swapped in.
+
+class ShuffleBuffer:
+    """A streamed shuffle through a buffer of at most ``size`` items and ``max_bytes`` bytes.
+
+    The buffer fills up to either limit (at least one item), then each new item is swapped for a random one
+    it holds; when larger items push it over ``max_bytes``, random items leave it until it is within. At the
+    end of the stream the rest leave in random order. Memory: at most ``max_bytes`` plus the item being
+    swapped in. The draws depend only on the items' sizes, so :meth:`replay` can run them over stand-ins
+    (row addresses) and the buffer then continues with the real rows in their place.
+
+    Attributes:
+        items: ``(item, bytes)`` held, in buffer order.
     """
-    buffer: list[dict] = []
-    held = 0
+
+    def __init__(self, size: int, max_bytes: int, rng: random.Random) -> None:
+        self.size, self.max_bytes, self.rng = size, max_bytes, rng
+        self.items: list[tuple[Any, int]] = []
+        self.held = 0
+
+    def push(self, item: Any, nbytes: int) -> list[Any]:
+        """Take ``item`` of ``nbytes`` bytes in; returns the items that leave, in order."""
+        self.held += nbytes
+        if not self.items or (len(self.items) < self.size and self.held <= self.max_bytes):
+            self.items.append((item, nbytes))
+            return []
+        index = self.rng.randrange(len(self.items))
+        (first, first_bytes), self.items[index] = self.items[index], (item, nbytes)
+        self.held -= first_bytes
+        out = [first]
+        while self.held > self.max_bytes and len(self.items) > 1:
+            leaving, leaving_bytes = self.items.pop(self.rng.randrange(len(self.items)))
+            self.held -= leaving_bytes
+            out.append(leaving)
+        return out
+
+    def drain(self) -> list[Any]:
+        """Everything held, in random order; the buffer is then empty."""
+        self.rng.shuffle(self.items)
+        out, self.items, self.held = [item for item, _ in self.items], [], 0
+        return out
+
+    def replay(self, sized: Iterable[tuple[Any, int]], skip: int) -> tuple[int, list[Any]]:
+        """Run the stream ``sized`` of ``(item, bytes)`` until ``skip`` items have left.
+
+        Returns:
+            How many items of ``sized`` were taken in, and the items that left beyond the first ``skip`` (at
+            most one push's worth); the buffer then holds what it held at that point of the stream.
+        """
+        consumed = left = 0
+        for item, nbytes in sized:
+            consumed += 1
+            out = self.push(item, nbytes)
+            if left + len(out) >= skip:
+                return consumed, out[skip - left :]
+            left += len(out)
+        return consumed, self.drain()[skip - left :]
+
+
+def _buffered(rows: Iterable[dict], buffer: ShuffleBuffer) -> Iterator[dict]:
+    """``rows`` shuffled through ``buffer`` (each row weighed by :func:`row_bytes`)."""
     for row in rows:
-        nbytes = row_bytes(row)
-        if not buffer or (len(buffer) < size and held + nbytes <= max_bytes):
-            buffer.append(row)
-            held += nbytes
-            continue
-        index = rng.randrange(len(buffer))
-        out, buffer[index] = buffer[index], row
-        held += nbytes - row_bytes(out)
-        yield out
-        while held > max_bytes and len(buffer) > 1:
-            out = buffer.pop(rng.randrange(len(buffer)))
-            held -= row_bytes(out)
-            yield out
-    rng.shuffle(buffer)
-    yield from buffer
+        yield from buffer.push(row, row_bytes(row))
+    yield from buffer.drain()
 
 
 def row_bytes(row: dict[str, Any]) -> int:
@@ -347,8 +482,9 @@ def row_bytes(row: dict[str, Any]) -> int:
     return sum(value.nbytes for value in row.values() if isinstance(value, np.ndarray))
 
 
-def read_rows(path: str, first: int, end: int) -> Iterator[dict[str, Any]]:
-    """Rows ``[first, end)`` of one shard, reading only the row groups that hold them.
+def read_rows(path: str, first: int, end: int, columns: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Rows ``[first, end)`` of one shard, reading only the row groups that hold them (and only ``columns``,
+    when given).
 
     List columns come back as numpy arrays (scores of 16K-token prompts are millions of values).
     """
@@ -358,11 +494,31 @@ def read_rows(path: str, first: int, end: int) -> Iterator[dict[str, Any]]:
         rows = shard.metadata.row_group(group).num_rows
         lo, hi = max(first, group_start), min(end, group_start + rows)
         if lo < hi:
-            table = shard.read_row_group(group).slice(lo - group_start, hi - lo)
-            columns = {name: table.column(name).combine_chunks() for name in table.column_names}
-            for i in range(table.num_rows):
-                yield {name: _value(column, i) for name, column in columns.items()}
+            yield from _table_rows(
+                shard.read_row_group(group, columns=columns).slice(lo - group_start, hi - lo)
+            )
         group_start += rows
+
+
+def read_rows_at(path: str, rows: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """Rows ``rows`` (indices within one shard) by index, reading each row group that holds any of them
+    once."""
+    shard = pq.ParquetFile(path)
+    wanted, out, group_start = sorted(set(rows)), {}, 0
+    for group in range(shard.num_row_groups):
+        end = group_start + shard.metadata.row_group(group).num_rows
+        here = [row for row in wanted if group_start <= row < end]
+        if here:
+            table = shard.read_row_group(group).take([row - group_start for row in here])
+            out.update(zip(here, _table_rows(table), strict=True))
+        group_start = end
+    return out
+
+
+def _table_rows(table: pa.Table) -> Iterator[dict[str, Any]]:
+    values = {name: table.column(name).combine_chunks() for name in table.column_names}
+    for i in range(table.num_rows):
+        yield {name: _value(column, i) for name, column in values.items()}
 
 
 def _value(column: pa.Array, i: int) -> Any:

@@ -10,9 +10,10 @@ TensorBoard is the default logger; every fit run carries an HParams session that
 
 ``lkv fit --config X.yaml --ckpt_path last`` is one command for a first run and for every restart after
 an interruption: with no checkpoint yet it starts from scratch, otherwise it resumes from ``last.ckpt`` at
-its global step. Before anything is written, ``fit`` refuses to resume from a checkpoint made with other
-model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a checkpoint folder that
-already holds checkpoints, so an earlier run is never overwritten.
+its global step, logging into the TensorBoard run folder (``version_N``) of the run it resumes (kept in every
+checkpoint by :class:`TensorBoardRun`). Before anything is written, ``fit`` refuses to resume from a
+checkpoint made with other model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a
+checkpoint folder that already holds checkpoints, so an earlier run is never overwritten.
 
 A config may include another: a top-level ``config: recipes/paper.yaml`` (relative to the including file)
 is read first, and the including file's keys, nested or dotted (``model.model: Qwen/Qwen3-8B``), win.
@@ -29,20 +30,19 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 import yaml
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
 from lkv.train.progress import FitProgressLines
-
-# Data settings that may change between a run and its resumption: they do not change the samples.
-RESUMABLE_DATA_CHANGES = ("num_workers",)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -65,6 +65,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         torch.save(checkpoint, tmp)
         os.replace(tmp, path)
+
+
+class TensorBoardRun(L.Callback):
+    """Keeps the TensorBoard run of a fit in its checkpoints: ``{"root_dir": absolute, "version": N}`` of the
+    first TensorBoard logger, so that :class:`LookaheadCLI` resumes logging in that ``version_N`` folder."""
+
+    def __init__(self) -> None:
+        self.trainer: L.Trainer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        logger = _tensorboard(self.trainer)
+        if logger is None:
+            return {}
+        return {"root_dir": os.path.abspath(logger.root_dir), "version": logger.version}
+
+
+def _tensorboard(trainer: L.Trainer | None) -> TensorBoardLogger | None:
+    """The trainer's first TensorBoard logger, if any."""
+    loggers = trainer.loggers if trainer is not None else []
+    return next((logger for logger in loggers if isinstance(logger, TensorBoardLogger)), None)
 
 
 class LookaheadCLI(LightningCLI):
@@ -100,18 +123,30 @@ class LookaheadCLI(LightningCLI):
         candidates = {None: hpc, "hpc": hpc, "last": last}.get(ckpt_path, [Path(str(ckpt_path))])
         for path in candidates:
             if path.is_file():
-                self._check_same_run(path)
+                checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+                self._check_same_run(checkpoint, path)
+                self._continue_run_folder(checkpoint)
 
-    def _check_same_run(self, path: Path) -> None:
-        """Refuse to resume from ``path`` when it was written with other module or data settings."""
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    def _continue_run_folder(self, checkpoint: dict[str, Any]) -> None:
+        """Log into the TensorBoard ``version_N`` folder that the checkpoint's run logged into
+        (:class:`TensorBoardRun`), when this fit's TensorBoard logger has the same root folder and no version
+        of its own."""
+        run = checkpoint.get("callbacks", {}).get(TensorBoardRun.__qualname__, {})
+        logger = _tensorboard(self.trainer)
+        if not run or logger is None or os.path.abspath(logger.root_dir) != run["root_dir"]:
+            return
+        # TensorBoardLogger takes its version from `_version`, or the next free one when that is None
+        if logger._version is None:
+            logger._version = run["version"]
+
+    def _check_same_run(self, checkpoint: dict[str, Any], path: Path) -> None:
+        """Refuse to resume from ``checkpoint`` (read from ``path``) when it was written with other module or
+        data settings. ``data.num_workers`` counts too: the training loader's position is kept per worker, and
+        a streamed set's order depends on how its rows are split among the workers."""
         diffs = _differences(checkpoint.get("hyper_parameters", {}), self.model.hparams, "model.")
         if self.datamodule is not None and "datamodule_hyper_parameters" in checkpoint:
-            saved, current = dict(checkpoint["datamodule_hyper_parameters"]), dict(self.datamodule.hparams)
-            for key in RESUMABLE_DATA_CHANGES:
-                saved.pop(key, None)
-                current.pop(key, None)
-            diffs += _differences(saved, current, "data.")
+            saved = checkpoint["datamodule_hyper_parameters"]
+            diffs += _differences(saved, self.datamodule.hparams, "data.")
         if diffs:
             raise ValueError(
                 f"checkpoint {path} belongs to a different run: resuming needs the settings it was written "
@@ -187,8 +222,9 @@ def lightning_main(args: list[str]) -> None:
             },
             # a config that sets `trainer.plugins` replaces this: list AtomicCheckpointIO there too
             "plugins": {"class_path": "lkv.train.cli.AtomicCheckpointIO"},
-            # added to the config's callbacks, never replaced by them: progress lines in a log file
-            "callbacks": [FitProgressLines()],
+            # added to the config's callbacks, never replaced by them: progress lines in a log file, the
+            # TensorBoard run in checkpoints
+            "callbacks": [FitProgressLines(), TensorBoardRun()],
         },
     )
 

@@ -9,10 +9,12 @@ optional sampling weights (:mod:`lkv.labels.mix`). Under DDP every rank gets exa
 batches per epoch, map-style or streamed, whatever the row counts; the few rows that do not divide evenly
 are left out of that epoch.
 
-Loaders are torchdata ``StatefulDataLoader``s, whose position Lightning saves in every checkpoint: a run
-resumed from a mid-epoch checkpoint continues with the next unseen batch instead of restarting the epoch.
-The training order is a seeded plan per epoch (or the stored order with ``shuffle=False``), so it is the
-same after a restart.
+Loaders are torchdata ``StatefulDataLoader``s. The training loader (:class:`LabelLoader`) keeps its epoch
+in its state, and the DataModule keeps that state in every checkpoint too
+(:meth:`LabelDataModule.state_dict`), so a resumed fit trains exactly the batches an uninterrupted one
+would: from a mid-epoch checkpoint the rest of that epoch, from one written after an epoch's last batch the
+next epoch. The training order is a seeded plan per epoch (or the stored order with ``shuffle=False``),
+rebuilt from the seed and the epoch.
 
 ``limit_train_samples: N`` trains on the first ``N`` rows of each train folder by sample id
 (:func:`lkv.labels.mix.first_by_id`), a data-scaling study's nested subsets (the first 64 ⊂ the first 128
@@ -66,6 +68,51 @@ class LabelCollate:
                 }
             )
         return samples
+
+
+class LabelLoader(StatefulDataLoader):
+    """The training loader: torchdata's ``StatefulDataLoader`` whose state also names the epoch it reads.
+
+    Lightning saves the loader's state in checkpoints (and :class:`LabelDataModule` does as well) and loads it
+    into the loader before iterating. The state is ``{"epoch": e, "loader": torchdata's state}`` while epoch
+    ``e`` is under way and ``{"epoch": e + 1, "loader": {}}`` once its last batch was handed out. Loading it
+    sets the epoch of ``epochs`` (the sampler or the stream) before anything is read, so the position is
+    replayed on that epoch's plan, and an epoch that was complete is not replayed as an empty one.
+
+    Args:
+        epochs: what the epoch reshuffles (:class:`MixSampler` or :class:`StreamedLabels`).
+        kwargs: ``StatefulDataLoader``'s.
+    """
+
+    def __init__(
+        self, data: MixedLabels | StreamedLabels, epochs: MixSampler | StreamedLabels, **kwargs: Any
+    ) -> None:
+        super().__init__(data, **kwargs)
+        self.epochs = epochs
+
+    def state_dict(self) -> dict[str, Any]:
+        # `_num_yielded`: the batches the current iterator has handed out (torch's DataLoader iterator)
+        if self._iterator is not None and self._iterator._num_yielded >= len(self):
+            return {"epoch": self.epochs.epoch + 1, "loader": {}}
+        return {"epoch": self.epochs.epoch, "loader": super().state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Set the epoch of ``state_dict``, then torchdata's position in it. A checkpoint written before the
+        epoch was kept holds torchdata's state alone: that position is loaded as it is.
+
+        Raises:
+            ValueError: a ``loader`` state whose ``epoch`` is not a non-negative integer.
+        """
+        if "loader" not in state_dict:
+            super().load_state_dict(state_dict)
+            return
+        epoch = state_dict.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(
+                f"training loader state: expected a non-negative integer 'epoch', found {epoch!r}"
+            )
+        self.epochs.set_epoch(epoch)
+        super().load_state_dict(state_dict["loader"])
 
 
 # What a streamed shuffle buffer may hold per DataLoader worker when `data.shuffle_buffer_mib` is not set (None
@@ -139,6 +186,8 @@ class LabelDataModule(L.LightningDataModule):
         }
         self.sources: dict[str, list[LabelSource]] = {}
         self.datasets: dict[str, MixedLabels | StreamedLabels] = {}
+        # a checkpoint's training loader state, for the next training loader built (`load_state_dict`)
+        self._train_state: dict[str, Any] | None = None
 
     def _sources(self, split: str) -> list[LabelSource]:
         """A split's folders with their metadata and shard row counts (read once)."""
@@ -223,22 +272,40 @@ class LabelDataModule(L.LightningDataModule):
                 raise ValueError(
                     f"data.{split}: {len(data)} rows cannot be split over {world} ranks (each needs one)"
                 )
-        elif split == "train" and self.trainer is not None:
-            # a run resumed mid-epoch starts without `on_train_epoch_start`: take the restored epoch
-            data.set_epoch(self.trainer.current_epoch)
         workers = self.hparams.num_workers
         sources = [(source.meta, source.folder) for source in self._sources(split)]
-        return StatefulDataLoader(
-            data,
-            batch_size=self.hparams.batch_size,
-            sampler=sampler,
-            collate_fn=LabelCollate(sources),
-            num_workers=workers,
-            persistent_workers=workers > 0,
-        )
+        settings = {
+            "batch_size": self.hparams.batch_size,
+            "sampler": sampler,
+            "collate_fn": LabelCollate(sources),
+            "num_workers": workers,
+            "persistent_workers": workers > 0,
+        }
+        if split != "train":
+            return StatefulDataLoader(data, **settings)
+        return LabelLoader(data, sampler if sampler is not None else data, **settings)
 
-    def train_dataloader(self) -> StatefulDataLoader:
-        return self._loader("train", self.hparams.shuffle)
+    def train_dataloader(self) -> LabelLoader:
+        loader = self._loader("train", self.hparams.shuffle)
+        if self._train_state is not None:
+            loader.load_state_dict(self._train_state)
+            self._train_state = None
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"train_loader": the training loader's state}`` while a fit holds one (else empty).
+
+        Lightning keeps the same state under its fit loop, but loads it only when the training loader is
+        first built after the checkpoint was read; a cosine schedule builds it before
+        (``estimated_stepping_batches`` in ``configure_optimizers``, Lightning issue 20550), and the position
+        would be lost. The DataModule's own state is read before that (for DDP strategies: before the
+        strategy's setup) and is loaded into the first training loader built after it.
+        """
+        loader = self.trainer.train_dataloader if self.trainer is not None else None
+        return {"train_loader": loader.state_dict()} if isinstance(loader, LabelLoader) else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._train_state = state_dict.get("train_loader")
 
     def val_dataloader(self) -> StatefulDataLoader | list:
         # No validation folder: an empty list makes Lightning skip validation.

@@ -248,6 +248,11 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         lambda root, mp: fit(root, run="run", ckpt_path="last", model={"lr": 0.5}),
         [r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run", r"model\.lr: 0\.01 vs 0\.5"],
     ),
+    # the training loader's position is kept per DataLoader worker (torchdata stops on the other layout)
+    "resume-fit-with-other-workers": (
+        lambda root, mp: fit(root, run="run", ckpt_path="last", data={"num_workers": 1}),
+        [r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run", r"data\.num_workers: 0 vs 1"],
+    ),
 }
 
 

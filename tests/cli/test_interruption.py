@@ -134,27 +134,44 @@ def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint(tmp_path, m
     )
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("streaming", [False, True])
-def test_training_loader_resumes_mid_epoch_and_keeps_later_epochs(workspace, streaming, no_stream_sleep):
+def test_training_loader_resumes_at_any_batch_of_any_epoch(workspace, streaming, workers, no_stream_sleep):
     def loader(state: dict | None = None) -> tuple[LabelDataModule, StatefulDataLoader]:
-        data = LabelDataModule(train=str(workspace / "train"), streaming=streaming, seed=1, shuffle_buffer=4)
+        data = LabelDataModule(
+            train=str(workspace / "train"), streaming=streaming, seed=1, shuffle_buffer=4, num_workers=workers
+        )
         data.setup("fit")
         dl = data.train_dataloader()
         if state is not None:
             dl.load_state_dict(state)
         return data, dl
 
-    def epoch(data: LabelDataModule, dl: StatefulDataLoader, number: int) -> list[str]:
+    def set_epoch(data: LabelDataModule, dl: StatefulDataLoader, number: int) -> None:
         data.set_epoch(number)  # what Lightning does for the sampler / the module for a stream
         if hasattr(dl.sampler, "set_epoch"):
             dl.sampler.set_epoch(number)
+
+    def epoch(dl: StatefulDataLoader) -> list[str]:
         return [sample["id"] for batch in dl for sample in batch]
 
     data, dl = loader()
-    whole = [epoch(data, dl, 0), epoch(data, dl, 1)]
-    _, killed = loader()
-    batches = iter(killed)
-    first = [sample["id"] for _ in range(2) for sample in next(batches)]
-    data, dl = loader(killed.state_dict())  # what a mid-epoch checkpoint holds
-    assert first + epoch(data, dl, 0) == whole[0]
-    assert epoch(data, dl, 1) == whole[1] != whole[0]
+    whole = []
+    for number in range(3):
+        set_epoch(data, dl, number)
+        whole.append(epoch(dl))
+    assert len(set(map(tuple, whole))) == 3  # reshuffled every epoch
+    # 2 of epoch 1's 6 batches; all 6 (the state then names epoch 2)
+    for taken in (2, 6):
+        data, killed = loader()
+        set_epoch(data, killed, 1)
+        batches = iter(killed)
+        first = [sample["id"] for _ in range(taken) for sample in next(batches)]
+        assert first == whole[1][:taken]
+        data, dl = loader(killed.state_dict())  # what a checkpoint holds; the state sets the epoch
+        rest = epoch(dl)
+        assert rest == (whole[1][taken:] if taken < 6 else whole[2]), taken
+        set_epoch(data, dl, 2)
+        assert taken == 6 or epoch(dl) == whole[2]
+    with pytest.raises(ValueError, match="training loader state: expected a non-negative integer 'epoch'"):
+        dl.load_state_dict({"epoch": -1, "loader": {}})

@@ -221,7 +221,7 @@ def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
 
     import numpy as np
 
-    from lkv.labels.mix import _buffered
+    from lkv.labels.mix import ShuffleBuffer, _buffered
 
     rows = [{"id": i, "a": np.zeros(10 if i < 50 else 1000, dtype=np.uint8)} for i in range(200)]
     pulled = []
@@ -232,10 +232,63 @@ def test_buffered_shuffle_keeps_its_byte_bound_when_rows_grow():
             yield row
 
     out, worst = [], 0
-    for row in _buffered(stream(), 40, random.Random(0), max_bytes=5000):
+    for row in _buffered(stream(), ShuffleBuffer(40, 5000, random.Random(0))):
         out.append(row["id"])
         held_ids = {r["id"] for r in pulled} - set(out)  # read, not yet handed out
         worst = max(worst, sum(rows[i]["a"].nbytes for i in held_ids))
         assert len(held_ids) <= 40
     assert sorted(out) == list(range(200)) and out != list(range(200))
     assert worst <= 5000 + 1000  # the bound plus the row being swapped in
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_stream_resumes_at_every_row_and_reads_only_the_rows_still_to_come(
+    two_sources, monkeypatch, shuffle
+):
+    """A stream's state after ``k`` rows resumes with exactly the rest of the uninterrupted iteration. Before
+    ``k`` only the small columns are read (the buffer's draws are replayed over the rows' sizes): every row
+    of the resumed iteration is read whole at most once, no other. The buffer of 3 rows and 1700 bytes (rows are
+    about 700 to 1100 bytes) is bound by its bytes as well as its count."""
+    import lkv.labels.mix
+
+    a, b = two_sources
+    sources = [LabelSource.open(a), LabelSource.open(b)]
+    quotas = epoch_quotas([s.rows for s in sources], [1.0, 2.0])  # 3 rows of `a`, each row of `b` twice
+
+    def stream() -> StreamedLabels:
+        return StreamedLabels(sources, quotas, 0, 1, shuffle=shuffle, seed=5, buffer=3, buffer_bytes=1700)
+
+    read, read_at, whole_rows = lkv.labels.mix.read_rows, lkv.labels.mix.read_rows_at, []
+
+    def counting(path, first, end, columns=None):
+        for row in read(path, first, end, columns):
+            if columns is None:
+                whole_rows.append(row["id"])
+            yield row
+
+    def counting_at(path, rows):
+        found = read_at(path, rows)
+        whole_rows.extend(row["id"] for row in found.values())
+        return found
+
+    monkeypatch.setattr(lkv.labels.mix, "read_rows", counting)
+    monkeypatch.setattr(lkv.labels.mix, "read_rows_at", counting_at)
+    uninterrupted = stream()
+    uninterrupted.set_epoch(1)
+    whole = [row["id"] for row in uninterrupted]
+    assert len(whole) == 9
+    for k in range(len(whole) + 1):
+        killed = stream()
+        killed.set_epoch(1)
+        rows = iter(killed)
+        assert [next(rows)["id"] for _ in range(k)] == whole[:k]
+        state = killed.state_dict()
+        assert state == {"epoch": 1, "yielded": k}
+        resumed = stream()  # epoch 0 until the state says otherwise
+        resumed.load_state_dict(state)
+        whole_rows.clear()
+        assert [row["id"] for row in resumed] == whole[k:], k
+        # a row of `b` that the buffer holds twice is read once
+        assert set(whole_rows) == set(whole[k:]) and len(whole_rows) <= len(whole) - k, k
+    with pytest.raises(ValueError, match="streamed label state: expected non-negative 'epoch' and 'yielded'"):
+        stream().load_state_dict({"epoch": 1})
