@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 from lkv.core.budget import Budget
+from lkv.core.chat import encode_context, encode_question
+from lkv.core.context import Truncate, fit_context, model_context
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
@@ -48,6 +50,7 @@ def generate(
     streamed: bool = False,
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
+    truncate: Truncate = "error",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -95,6 +98,9 @@ def generate(
             ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
         enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
             default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
+        truncate: a prompt that does not fit in the model's context with the question and ``max_new_tokens``
+            after it: ``error`` (refused, with both lengths), ``left`` (keep its last tokens) or ``middle``
+            (keep its first and last halves). Checked before the prefill.
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")
@@ -165,8 +171,16 @@ def generate(
         streamed=streamed,
         enable_thinking=enable_thinking,
     )
+    if question is None:
+        ids = compressor.encode(prompt)[0].tolist()
+        asked = None
+    else:
+        ids = encode_context(tokenizer, prompt, enable_thinking)
+        asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
+    reserve = len(asked or []) + max_new_tokens
+    ids = fit_context(ids, reserve, model_context(net), truncate)
     out = compressor.generate(
-        prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
+        ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
     )
     print(out.text)
     print(
