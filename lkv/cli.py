@@ -81,7 +81,9 @@ def _run(verb: str, rest: list[str]) -> None:
 
     try:
         # a bad option or config value raises here, before the verb runs (no model is loaded)
-        result = auto_cli(_resolve(VERBS[verb][0]), args=rest, as_positional=False, exit_on_error=False)
+        result = auto_cli(
+            _resolve(VERBS[verb][0]), args=rest, as_positional=False, exit_on_error=False, prog=f"lkv {verb}"
+        )
     except ArgumentError as error:
         # jsonargparse's message spans lines; the entry point's error is one line, with where to look
         raise ValueError(f"{' '.join(str(error).split())} (`lkv {verb} --help` lists the options)") from None

@@ -3,6 +3,9 @@
 The prompts run through a Lightning predict loop (:class:`lkv.labels.predict.LabelingModule`), so any
 strategy and launcher labels on many devices, each rank writing its own shards; a rerun skips finished
 prompts.
+
+The signature's types are light; torch, Lightning and the labeller are imported once the options parsed,
+so `lkv label --help` and an option error answer at once.
 """
 
 from __future__ import annotations
@@ -12,20 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
-from torch.utils.data import DataLoader
-
-from lkv.core.chat import template_kwargs
-from lkv.labels.batched import length_batches
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
-from lkv.labels.labeller import LABEL_MODES
-from lkv.labels.lock import label_folder_lock
-from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
 from lkv.labels.prompts import Prompt, PromptSource
-from lkv.labels.responses import ResponsesFile
-from lkv.labels.shards import META_FILE, finished_ids, grow_prompt_source, read_meta, shard_files
-from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
+from lkv.model.assets import DEFAULT_MODEL
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
 # are imported); any other subclass is named by its import path, e.g. `--prompts my_package.MyPrompts`.
@@ -97,6 +90,17 @@ def label(
             section 12 measures the effect. Not where truncation cut the answer from the prompt. Aware
             labels generated here only; recorded in ``meta.json``.
     """
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from lkv.core.chat import template_kwargs
+    from lkv.labels.batched import length_batches
+    from lkv.labels.labeller import LABEL_MODES
+    from lkv.labels.lock import label_folder_lock
+    from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
+    from lkv.labels.responses import ResponsesFile
+    from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
+
     if label_mode not in LABEL_MODES:
         raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
     if label_mode == "agnostic" and not store_scores:
@@ -234,6 +238,8 @@ def _prompt_chars(prompt: Prompt) -> int:
 
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
+    from lkv.labels.shards import META_FILE, read_meta
+
     if not (output / META_FILE).exists():
         return
     meta = read_meta(output)
@@ -256,6 +262,8 @@ def _check_resumable(output: Path, **settings: Any) -> None:
 def _check_source(output: Path, prompts: PromptSource) -> None:
     """Fail before loading any model when ``output`` holds labels of other prompts; when they are the first
     prompts of ``prompts`` (a larger ``num_prompts``), record the larger source so the rest is added."""
+    from lkv.labels.shards import META_FILE, grow_prompt_source, read_meta
+
     if not (output / META_FILE).exists():
         return
     previous, wanted = read_meta(output).prompt_source, prompts.describe()
@@ -274,6 +282,9 @@ def _check_source(output: Path, prompts: PromptSource) -> None:
 
 def _check_labelled_by(folder: Path, model: str, dtype: str, attn_implementation: str) -> None:
     """Fail unless ``folder``'s labels were made by ``model`` (loaded only when named differently)."""
+    from lkv.labels.shards import read_meta
+    from lkv.model.backbone import ModelSignature, check_compatible, load_backbone, model_signature
+
     expected = read_meta(folder).model
     if expected.get("name") == model:
         return

@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from lkv import __version__
 from lkv.core.attention import ImportanceCapture
 from lkv.core.compat import cache_kwargs, layer_causal_mask
+from lkv.core.files import follow_umask
 from lkv.core.generation import crop_to
 
 CONFIG_FILE = "lookahead.json"
@@ -340,6 +341,7 @@ class LookaheadAdapter(nn.Module):
         save_file(
             {"embeddings": self.embeddings.detach().float().cpu().contiguous()}, str(folder / EMBEDDINGS_FILE)
         )
+        follow_umask(*folder.glob("*.safetensors"))
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
