@@ -8,6 +8,7 @@ from pathlib import Path
 from lkv.core.budget import Budget
 from lkv.core.chat import encode_context, encode_question
 from lkv.core.context import Truncate, fit_context, model_context
+from lkv.core.files import read_text
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
@@ -108,7 +109,7 @@ def generate(
         path = Path(prompt_file)
         if not path.is_file():
             raise FileNotFoundError(f"--prompt_file {path}: no such file")
-        prompt = path.read_text()
+        prompt = read_text(path, "--prompt_file")
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     # checked before any model loads

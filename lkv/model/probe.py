@@ -34,7 +34,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from lkv import __version__
-from lkv.core.files import follow_umask
+from lkv.core.files import check_safetensors, follow_umask
 
 PROBE_CONFIG_FILE = "probe.json"
 PROBE_WEIGHTS_FILE = "probe.safetensors"
@@ -140,8 +140,7 @@ class ImportanceProbe(nn.Module):
         probe = cls(config)
         probe.check_model(model, str(folder))
         path = folder / PROBE_WEIGHTS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (the probe's weights)")
+        check_safetensors(path, "the probe's weights")
         state = load_file(str(path))
         missing = sorted(set(probe.state_dict()) - set(state))
         unexpected = sorted(set(state) - set(probe.state_dict()))

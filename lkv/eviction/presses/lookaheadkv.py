@@ -18,7 +18,7 @@ from lkv.eviction.presses.base import (
 )
 from lkv.eviction.selector import check_pooling, pool_scores
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter, exported_base_model
+from lkv.model.lookahead import DEFAULT_ADAPTER, LookaheadAdapter, exported_base_model, read_lookahead_folder
 
 # Max-pooling the predicted scores over 7 positions before top-C keeps a value's tokens together; on the
 # embedded model it keeps more FullKV-solved needles at C = 128–256, near and far from the end of the prompt,
@@ -103,6 +103,7 @@ def load_lookahead(
     path = Path(adapter)
     if not path.is_dir():
         raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
+    read_lookahead_folder(path)  # a missing or damaged file is named before the model loads
     net, tokenizer = load_backbone(
         model or exported_base_model(path) or DEFAULT_MODEL,
         dtype=dtype,
