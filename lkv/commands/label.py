@@ -94,12 +94,14 @@ def label(
     from torch.utils.data import DataLoader
 
     from lkv.core.chat import template_kwargs
+    from lkv.core.progress import counted
     from lkv.labels.batched import length_batches
     from lkv.labels.labeller import LABEL_MODES
     from lkv.labels.lock import label_folder_lock
     from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
     from lkv.labels.responses import ResponsesFile
     from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
+    from lkv.train.progress import bar_on_terminal_only
 
     if label_mode not in LABEL_MODES:
         raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
@@ -161,7 +163,7 @@ def label(
             # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
             _check_labelled_by(folder, model, dtype, attn_implementation)
         print(
-            f"lkv label: {len(all_prompts)} prompts, {len(done)} already labelled, {len(todo)} to go → {folder}"
+            f"lkv label: {counted(len(all_prompts), 'prompt')}, {len(done)} already labelled, {len(todo)} to go → {folder}"
         )
         if todo:
             module = LabelingModule(
@@ -189,6 +191,7 @@ def label(
                 callbacks=[writer],
                 inference_mode=True,
             )
+            bar_on_terminal_only(trainer)
             batches = (
                 [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
             )
@@ -199,7 +202,7 @@ def label(
             if writer.skipped:
                 reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
                 print(
-                    f"lkv label: skipped {writer.skipped} prompts ({reason}; max_prompt_tokens={max_prompt_tokens})"
+                    f"lkv label: skipped {counted(writer.skipped, 'prompt')} ({reason}; max_prompt_tokens={max_prompt_tokens})"
                 )
             if gold_answers:
                 print(
@@ -221,7 +224,8 @@ def label(
                     f"{module.cache_tokens} token columns)"
                 )
         return (
-            f"{len(finished_ids(folder))} labelled prompts in {len(shard_files(folder))} shards at {folder}"
+            f"{counted(len(finished_ids(folder)), 'labelled prompt')} in "
+            f"{counted(len(shard_files(folder)), 'shard')} at {folder}"
         )
 
 

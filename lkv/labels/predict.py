@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lkv.core.chat import template_kwargs
 from lkv.core.context import model_context
 from lkv.core.generation import eos_ids
-from lkv.core.progress import Progress
+from lkv.core.progress import Progress, counted
 from lkv.labels.batched import label_batch, label_response
 from lkv.labels.gold import missed, reference_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
@@ -254,7 +254,7 @@ class ShardPredictionWriter(BasePredictionWriter):
                 doc_id=prompt.doc_id,
             )
             self.written += 1
-        self.progress.update(note=f"{self.written} prompts labelled")
+        self.progress.update(note=f"{counted(self.written, 'prompt')} labelled")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: LabelingModule) -> None:
         self.writer.flush()

@@ -94,3 +94,21 @@ def test_a_folder_of_other_files_is_refused(workspace, tmp_path, capsys):
         "labels-r*-*.parquet), found other files: adapter_config.json, lookahead.json; choose another --output"
     )
     assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "lookahead.json"]
+
+
+def test_a_terminated_run_says_what_it_kept_and_how_to_go_on(workspace, tmp_path):
+    folder = tmp_path / "labels"
+    first = start_label(workspace, folder, shard_size=1)
+    holding(first, folder)
+    first.terminate()
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode == 143, output
+    last = output.strip().splitlines()[-1]
+    args = label_args(workspace, folder, workspace / "prompts.jsonl", shard_size=1)
+    assert last == (
+        "lkv label: stopped by SIGTERM; the finished shards are kept; the same command labels the other "
+        f"prompts: lkv {' '.join(args)}"
+    )
+    assert "Traceback" not in output
+    run_lkv(args, workspace)
+    assert sorted(shard_ids(folder)) == [f"q{i}" for i in range(8)]
