@@ -4,8 +4,10 @@
 jsonargparse, so each accepts ``--config FILE.yaml``, ``--print_config`` and ``--help`` alike. Verbs are
 imported lazily: ``lkv --help`` and config parsing never load torch models.
 
-Bad input (a wrong path, shape, setting or asset) ends with one ``lkv VERB: error: ...`` line and exit
-status 1 instead of a traceback; ``LKV_TRACEBACK=1`` shows the traceback as well. Known-harmless notices of
+Bad input (a wrong path, shape, setting or asset, a missing or malformed ``--config`` file, an option the
+parser refuses) ends with one ``lkv VERB: error: ...`` line and exit status 1 instead of a traceback;
+``LKV_TRACEBACK=1`` shows the traceback as well. A run stopped by Ctrl-C or SIGTERM ends with one line
+saying what it kept and the command that goes on from there. Known-harmless notices of
 the libraries are filtered (:mod:`lkv.core.quiet`); ``LKV_VERBOSE=1`` shows them.
 """
 

@@ -12,7 +12,7 @@ import yaml
 from lkv.cli import main as lkv_main
 from lkv.core.context import fit_context
 from tests.cli.conftest import label_args, write_prompts
-from tests.conftest import ESSAYS, TINY_HELDOUT, build_tiny_model
+from tests.conftest import TINY_HELDOUT, build_tiny_model
 
 CONTEXT = 64
 
@@ -99,11 +99,10 @@ def test_label_refuses_limits_over_the_context(short_model, tmp_path, capsys):
     assert not (tmp_path / "labels").exists()
 
 
-def test_eval_refuses_a_sample_over_the_context_before_its_prefill(short_model, tmp_path, capsys):
-    essays = tmp_path / "essays"
-    essays.mkdir()
-    for name, text in ESSAYS.items():
-        (essays / f"{name}.txt").write_text(text)
+def test_eval_refuses_a_sample_over_the_context_before_its_prefill(
+    short_model, tiny_corpus, tmp_path, capsys
+):
+    essays, _ = tiny_corpus
     task = {"lengths": [200], "depths": [0.5], "essays_dir": str(essays), "heldout_fraction": TINY_HELDOUT}
     config = tmp_path / "eval.yaml"
     config.write_text(
