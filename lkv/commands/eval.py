@@ -128,7 +128,8 @@ def evaluate(
             the whole run, recorded in ``run.json``: compare the two in two output folders.
         truncate: a sample that does not fit in the model's context with its question and answer tokens:
             ``error`` (the run stops before the task's first prefill, naming the sample and both lengths),
-            ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves).
+            ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves). Recorded
+            in ``run.json``: a rerun into the folder must cut its prompts alike.
     """
     for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
         if value is not None and value <= 0:
@@ -209,6 +210,7 @@ def evaluate(
         "dtype": dtype,
         TEMPLATE_KEY: template_kwargs(enable_thinking),
         "head_budget": head_budget,
+        "truncate": truncate,
     }
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])

@@ -3,6 +3,7 @@ fit with the tokens generated after it is refused with both lengths, or cut as `
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import yaml
 
 from lkv.cli import main as lkv_main
 from lkv.core.context import fit_context
+from lkv.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile
 from tests.cli.conftest import label_args, write_prompts
-from tests.conftest import TINY_HELDOUT, build_tiny_model
+from tests.conftest import TINY_HELDOUT, build_tiny_model, tiny_needle_task
 
 CONTEXT = 64
 
@@ -123,3 +125,26 @@ def test_eval_refuses_a_sample_over_the_context_before_its_prefill(
         rf"answer\) \d+: over the model's context of {CONTEXT} tokens; shorten it",  # the answer alone is over
         line,
     ), line
+
+
+def test_eval_cuts_samples_as_asked_and_records_it(tiny_corpus, tmp_path):
+    import lkv.commands.eval
+
+    model, tokenizer = build_tiny_model("llama", max_position_embeddings=256)  # room for the question
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    settings = dict(
+        tasks=[tiny_needle_task(tiny_corpus, lengths=(60,), max_new_tokens=2)],
+        methods=("fullkv",),
+        budgets=(8,),
+        settings=("aware",),
+        output=str(tmp_path / "eval"),
+        model=str(tmp_path / "model"),
+        progress=False,
+    )
+    lkv.commands.eval.evaluate(**settings, truncate="left")
+    (row,) = ResultsFile(tmp_path / "eval" / RESULTS_FILE).rows
+    assert row["prompt_tokens"] == 256 - 2  # the context cut, the question and the 2 answer tokens fill it
+    assert json.loads((tmp_path / "eval" / RUN_FILE).read_text())["truncate"] == "left"
+    with pytest.raises(ValueError, match="differs in: truncate"):
+        lkv.commands.eval.evaluate(**settings)
