@@ -49,6 +49,11 @@ HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
         "a short fit (a small demo, a test) logs at its end; nothing is lost",
     ),
     (
+        r"Total length of `\w+` across ranks is zero",
+        UserWarning,
+        "a fit without `data.val` validates on an empty loader by design (empty training folders are refused)",
+    ),
+    (
         r"Checkpoint directory .* exists and is not empty",
         UserWarning,
         "every documented resume (`--ckpt_path last`) meets its own checkpoints; a fresh run into a folder "
@@ -63,7 +68,16 @@ HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 
 # (logger, message regex, why it is harmless): informational lines of the libraries
 HARMLESS_LOG_LINES: tuple[tuple[str, str, str], ...] = (
-    ("lightning.pytorch.utilities.rank_zero", r"💡 Tip: .*litlogger", "an advert for a cloud service"),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"💡 Tip: .*(litlogger|litmodels)",
+        "adverts for cloud services",
+    ),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"`Trainer.fit` stopped: `max_steps=",
+        "the last `lkv fit: N/N steps` line says the fit reached its step count",
+    ),
     (
         "lightning.pytorch.utilities.rank_zero",
         r"(GPU|TPU|HPU) available: False",

@@ -12,16 +12,16 @@ from __future__ import annotations
 import math
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import ProgressBar
 
 from lkv.core.progress import Progress, interactive
 
 
 def bar_on_terminal_only(trainer: L.Trainer) -> None:
-    """Silence ``trainer``'s tqdm progress bar when standard output is no terminal (lkv prints progress
+    """Silence ``trainer``'s progress bar (tqdm's or rich's) when standard output is no terminal (lkv prints progress
     lines there instead: :class:`FitProgressLines`, the labeller's :class:`~lkv.core.progress.Progress`)."""
     bar = trainer.progress_bar_callback
-    if isinstance(bar, TQDMProgressBar) and not interactive():
+    if isinstance(bar, ProgressBar) and not interactive():
         bar.disable()
 
 

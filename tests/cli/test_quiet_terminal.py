@@ -79,7 +79,7 @@ def test_lkv_verbose_shows_the_library_notices(workspace):
 
 
 # a progress bar's redraw, a tqdm bar's rate, a library bar's title, Lightning's layer table
-BAR = re.compile(r"\r|it/s\]|Loading weights|Creating parquet|Generating train split|Total F(LOP|lop)s")
+BAR = re.compile(r"\r|it/s\]|━|Loading weights|Creating parquet|Generating train split|Total F(LOP|lop)s")
 
 
 def test_piped_output_holds_no_progress_bar_and_no_layer_table(workspace):
