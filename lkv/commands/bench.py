@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lkv.perf.bench import BENCHMARKS, run_benchmarks
-from lkv.perf.workbench import BenchSettings
-
 
 def bench(
     which: str | list[str] = "all",
@@ -84,6 +81,9 @@ def bench(
         seed: seed of prompts, labels and module initialisation.
         json_out: write the full results (raw times, medians, ratios, environment) to this JSON file.
     """
+    from lkv.perf.bench import BENCHMARKS, run_benchmarks  # after parsing: `--help` loads no torch
+    from lkv.perf.workbench import BenchSettings
+
     selected = list(BENCHMARKS) if which == "all" else [which] if isinstance(which, str) else list(which)
     settings = BenchSettings(
         model=model,

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from lkv.commands.signals import exit_on_sigterm
 from lkv.core.budget import Budget
 from lkv.core.chat import template_kwargs, template_reads_variables
+from lkv.core.context import Truncate
 from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import (
     RESULTS_FILE,
@@ -71,6 +72,7 @@ def evaluate(
     max_batch_tokens: int | None = None,
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
+    truncate: Truncate = "error",
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -122,6 +124,10 @@ def evaluate(
             (every head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads``
             entries, spread over its heads by score, each head keeping at least 20 % of ``C``). One setting for
             the whole run, recorded in ``run.json``: compare the two in two output folders.
+        truncate: a sample that does not fit in the model's context with its question and answer tokens:
+            ``error`` (the run stops before the task's first prefill, naming the sample and both lengths),
+            ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves). Recorded
+            in ``run.json``: a rerun into the folder must cut its prompts alike.
     """
     for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
         if value is not None and value <= 0:
@@ -202,6 +208,7 @@ def evaluate(
         "dtype": dtype,
         TEMPLATE_KEY: template_kwargs(enable_thinking),
         "head_budget": head_budget,
+        "truncate": truncate,
     }
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])
@@ -262,6 +269,7 @@ def evaluate(
         enable_thinking,
         max_batch_tokens,
         Selection(head_budget=head_budget),
+        truncate=truncate,
     )
     title = title or out.name
     # the rows the folder held before this run, as the evaluator read them (no second parse of the file)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from lkv.train.export import export_checkpoint
-
 
 def export(ckpt: str, output: str, model: str | None = None, dtype: str | None = None) -> str:
-    """Write a trained module to a folder: a lookahead module (peft adapter files + embeddings +
-    ``lookahead.json``, for ``--adapter``) or a per-token probe (``probe.json`` + ``probe.safetensors``, for
-    ``--probe``), whichever the checkpoint holds.
+    """Write the trained lookahead module or probe of an `lkv fit` checkpoint as a standalone folder.
+
+    The folder holds a lookahead module (peft adapter files, embeddings and ``lookahead.json``, for
+    ``--adapter``) or a per-token probe (``probe.json`` and ``probe.safetensors``, for ``--probe``), whichever
+    the checkpoint holds.
 
     Args:
         ckpt: a checkpoint written by `lkv fit` (e.g. ``runs/smollm2_135m/checkpoints/last.ckpt``).
@@ -18,4 +18,6 @@ def export(ckpt: str, output: str, model: str | None = None, dtype: str | None =
         dtype: base model dtype while exporting (default: the checkpoint's); does not change the saved
             weights' dtype (``bfloat16`` keeps an 8B model within 16 GB of CPU memory).
     """
+    from lkv.train.export import export_checkpoint  # after parsing: `--help` loads no torch
+
     return export_checkpoint(ckpt, output, model=model, dtype=dtype)

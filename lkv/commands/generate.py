@@ -6,6 +6,9 @@ import sys
 from pathlib import Path
 
 from lkv.core.budget import Budget
+from lkv.core.chat import encode_context, encode_question
+from lkv.core.context import Truncate, fit_context, model_context
+from lkv.core.files import read_text
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import ProbePress
@@ -60,6 +63,7 @@ def generate(
     streamed: bool = False,
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
+    truncate: Truncate = "error",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
 
@@ -117,6 +121,9 @@ def generate(
             ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
         enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
             default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
+        truncate: a prompt that does not fit in the model's context with the question and ``max_new_tokens``
+            after it: ``error`` (refused, with both lengths), ``left`` (keep its last tokens) or ``middle``
+            (keep its first and last halves). Checked before the prefill.
     """
     if (prompt is None) == (prompt_file is None):
         raise ValueError("give exactly one of --prompt and --prompt_file")
@@ -124,7 +131,7 @@ def generate(
         path = Path(prompt_file)
         if not path.is_file():
             raise FileNotFoundError(f"--prompt_file {path}: no such file")
-        prompt = path.read_text()
+        prompt = read_text(path, "--prompt_file")
     if not prompt.strip():
         raise ValueError("the prompt is empty")
     # checked before any model loads, as the settings below
@@ -203,8 +210,16 @@ def generate(
         streamed=streamed,
         enable_thinking=enable_thinking,
     )
+    if question is None:
+        ids = compressor.encode(prompt)[0].tolist()
+        asked = None
+    else:
+        ids = encode_context(tokenizer, prompt, enable_thinking)
+        asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
+    reserve = len(asked or []) + max_new_tokens
+    ids = fit_context(ids, reserve, model_context(net), truncate)
     out = compressor.generate(
-        prompt, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), question
+        ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
     )
     print(out.text)
     print(

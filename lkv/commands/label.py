@@ -3,6 +3,9 @@
 The prompts run through a Lightning predict loop (:class:`lkv.labels.predict.LabelingModule`), so any
 strategy and launcher labels on many devices, each rank writing its own shards; a rerun skips finished
 prompts.
+
+The signature's types are light; torch, Lightning and the labeller are imported once the options parsed,
+so `lkv label --help` and an option error answer at once.
 """
 
 from __future__ import annotations
@@ -12,19 +15,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
-from torch.utils.data import DataLoader
-
-from lkv.core.chat import template_kwargs
-from lkv.labels.batched import length_batches
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
-from lkv.labels.labeller import LABEL_MODES
-from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
 from lkv.labels.prompts import Prompt, PromptSource
-from lkv.labels.responses import ResponsesFile
-from lkv.labels.shards import META_FILE, finished_ids, grow_prompt_source, read_meta, shard_files
-from lkv.model.backbone import DEFAULT_MODEL, ModelSignature, check_compatible, load_backbone, model_signature
+from lkv.model.assets import DEFAULT_MODEL
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
 # are imported); any other subclass is named by its import path, e.g. `--prompts my_package.MyPrompts`.
@@ -96,6 +90,19 @@ def label(
             section 12 measures the effect. Not where truncation cut the answer from the prompt. Aware
             labels generated here only; recorded in ``meta.json``.
     """
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from lkv.core.chat import template_kwargs
+    from lkv.core.progress import counted
+    from lkv.labels.batched import length_batches
+    from lkv.labels.labeller import LABEL_MODES
+    from lkv.labels.lock import label_folder_lock
+    from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
+    from lkv.labels.responses import ResponsesFile
+    from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
+    from lkv.train.progress import bar_on_terminal_only
+
     if label_mode not in LABEL_MODES:
         raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
     if label_mode == "agnostic" and not store_scores:
@@ -120,21 +127,6 @@ def label(
     ):
         if value <= 0:
             raise ValueError(f"--{name}: expected a positive number, found {value}")
-    folder = Path(output)
-    if score_dtype is None:
-        score_dtype = read_meta(folder).score_dtype if (folder / META_FILE).exists() else "float32"
-    engine = None if responses is None else ResponsesFile(responses)
-    _check_resumable(
-        folder,
-        response_tokens=response_tokens,
-        max_prompt_tokens=max_prompt_tokens,
-        truncation=truncation,
-        score_dtype=score_dtype,
-        store_scores=store_scores,
-        label_mode=label_mode,
-        extra=run_meta(engine, gold_answers),
-        chat_template_kwargs=template_kwargs(enable_thinking),
-    )
     all_prompts = list(prompts)
     if not all_prompts:
         raise ValueError(
@@ -144,75 +136,97 @@ def label(
     if len(set(ids)) != len(ids):
         duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise ValueError(f"prompts: expected unique prompt ids, found duplicates {duplicates[:5]}")
-    done = finished_ids(folder) if folder.exists() else set()
-    todo = [p for p in all_prompts if p.id not in done]
-    if todo:  # nothing to add: a finished folder resumes whatever its source's description (a moved file)
-        _check_source(folder, prompts)
-    if engine is not None:
-        engine.check_covers(p.id for p in todo)
-        engine.keep_only(p.id for p in todo)
-    if done and not todo:
-        # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
-        _check_labelled_by(folder, model, dtype, attn_implementation)
-    print(
-        f"lkv label: {len(all_prompts)} prompts, {len(done)} already labelled, {len(todo)} to go → {folder}"
-    )
-    if todo:
-        module = LabelingModule(
-            model,
-            dtype,
-            attn_implementation,
-            response_tokens,
-            max_prompt_tokens,
-            truncation,
-            store_scores,
-            engine,
-            label_mode,
-            enable_thinking,
-            gold_answers,
+    folder = Path(output)
+    with label_folder_lock(folder):
+        if score_dtype is None:
+            score_dtype = read_meta(folder).score_dtype if (folder / META_FILE).exists() else "float32"
+        engine = None if responses is None else ResponsesFile(responses)
+        _check_resumable(
+            folder,
+            response_tokens=response_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            truncation=truncation,
+            score_dtype=score_dtype,
+            store_scores=store_scores,
+            label_mode=label_mode,
+            extra=run_meta(engine, gold_answers),
+            chat_template_kwargs=template_kwargs(enable_thinking),
         )
-        writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
-        trainer = L.Trainer(
-            accelerator=accelerator,
-            devices=devices,
-            num_nodes=num_nodes,
-            strategy=strategy,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=progress,
-            callbacks=[writer],
-            inference_mode=True,
+        done = finished_ids(folder) if folder.exists() else set()
+        todo = [p for p in all_prompts if p.id not in done]
+        if todo:  # nothing to add: a finished folder resumes whatever its source's description (a moved file)
+            _check_source(folder, prompts)
+        if engine is not None:
+            engine.check_covers(p.id for p in todo)
+            engine.keep_only(p.id for p in todo)
+        if done and not todo:
+            # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
+            _check_labelled_by(folder, model, dtype, attn_implementation)
+        print(
+            f"lkv label: {counted(len(all_prompts), 'prompt')}, {len(done)} already labelled, {len(todo)} to go → {folder}"
         )
-        batches = [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
-        loader = DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_single)
-        trainer.predict(module, loader, return_predictions=False)
-        # Every rank's last shard is flushed before any rank counts the folder.
-        trainer.strategy.barrier("lkv-label-flushed")
-        if writer.skipped:
-            reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
-            print(
-                f"lkv label: skipped {writer.skipped} prompts ({reason}; max_prompt_tokens={max_prompt_tokens})"
+        if todo:
+            module = LabelingModule(
+                model,
+                dtype,
+                attn_implementation,
+                response_tokens,
+                max_prompt_tokens,
+                truncation,
+                store_scores,
+                engine,
+                label_mode,
+                enable_thinking,
+                gold_answers,
             )
-        if gold_answers:
-            print(
-                f"lkv label: {module.corrected + module.unshown} of {module.answers} generated answers missed "
-                f"the prompt's answer; the reference response was teacher-forced in place of {module.corrected} "
-                "(--gold_answers)"
-                + (
-                    f"; {module.unshown} keep theirs, their answer not in the prompt as rendered (truncation, "
-                    f"max_prompt_tokens={max_prompt_tokens})"
-                    if module.unshown
-                    else ""
+            writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
+            trainer = L.Trainer(
+                accelerator=accelerator,
+                devices=devices,
+                num_nodes=num_nodes,
+                strategy=strategy,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=progress,
+                callbacks=[writer],
+                inference_mode=True,
+            )
+            bar_on_terminal_only(trainer)
+            batches = (
+                [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
+            )
+            loader = DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_single)
+            trainer.predict(module, loader, return_predictions=False)
+            # Every rank's last shard is flushed before any rank counts the folder.
+            trainer.strategy.barrier("lkv-label-flushed")
+            if writer.skipped:
+                reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
+                print(
+                    f"lkv label: skipped {counted(writer.skipped, 'prompt')} ({reason}; max_prompt_tokens={max_prompt_tokens})"
                 )
-            )
-        if batch_size > 1 and module.cache_tokens:
-            rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
-            print(
-                f"lkv label{rank}: batches of {batch_size}, padding {1 - module.prompt_tokens / module.cache_tokens:.1%} "
-                f"of the stacked prompt caches ({module.cache_tokens - module.prompt_tokens} of "
-                f"{module.cache_tokens} token columns)"
-            )
-    return f"{len(finished_ids(folder))} labelled prompts in {len(shard_files(folder))} shards at {folder}"
+            if gold_answers:
+                print(
+                    f"lkv label: {module.corrected + module.unshown} of {module.answers} generated answers missed "
+                    f"the prompt's answer; the reference response was teacher-forced in place of {module.corrected} "
+                    "(--gold_answers)"
+                    + (
+                        f"; {module.unshown} keep theirs, their answer not in the prompt as rendered (truncation, "
+                        f"max_prompt_tokens={max_prompt_tokens})"
+                        if module.unshown
+                        else ""
+                    )
+                )
+            if batch_size > 1 and module.cache_tokens:
+                rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
+                print(
+                    f"lkv label{rank}: batches of {batch_size}, padding {1 - module.prompt_tokens / module.cache_tokens:.1%} "
+                    f"of the stacked prompt caches ({module.cache_tokens - module.prompt_tokens} of "
+                    f"{module.cache_tokens} token columns)"
+                )
+        return (
+            f"{counted(len(finished_ids(folder)), 'labelled prompt')} in "
+            f"{counted(len(shard_files(folder)), 'shard')} at {folder}"
+        )
 
 
 def _single(items: list[list[Prompt]]) -> list[Prompt]:
@@ -228,6 +242,8 @@ def _prompt_chars(prompt: Prompt) -> int:
 
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
+    from lkv.labels.shards import META_FILE, read_meta
+
     if not (output / META_FILE).exists():
         return
     meta = read_meta(output)
@@ -250,6 +266,8 @@ def _check_resumable(output: Path, **settings: Any) -> None:
 def _check_source(output: Path, prompts: PromptSource) -> None:
     """Fail before loading any model when ``output`` holds labels of other prompts; when they are the first
     prompts of ``prompts`` (a larger ``num_prompts``), record the larger source so the rest is added."""
+    from lkv.labels.shards import META_FILE, grow_prompt_source, read_meta
+
     if not (output / META_FILE).exists():
         return
     previous, wanted = read_meta(output).prompt_source, prompts.describe()
@@ -268,6 +286,9 @@ def _check_source(output: Path, prompts: PromptSource) -> None:
 
 def _check_labelled_by(folder: Path, model: str, dtype: str, attn_implementation: str) -> None:
     """Fail unless ``folder``'s labels were made by ``model`` (loaded only when named differently)."""
+    from lkv.labels.shards import read_meta
+    from lkv.model.backbone import ModelSignature, check_compatible, load_backbone, model_signature
+
     expected = read_meta(folder).model
     if expected.get("name") == model:
         return

@@ -10,9 +10,10 @@ read the variable ignore it).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import PreTrainedTokenizerBase
+if TYPE_CHECKING:  # annotations only: the prompt sources import this module while a verb's options are parsed
+    from transformers import PreTrainedTokenizerBase
 
 # Stands in for the user's text while the chat template is rendered, to split the template around it.
 _PLACEHOLDER = "\x00lkv-content\x00"

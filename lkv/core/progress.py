@@ -27,6 +27,11 @@ def interactive() -> bool:
     return sys.stdout.isatty()
 
 
+def counted(number: int, noun: str) -> str:
+    """``'1 prompt'``, ``'8 prompts'``: ``number`` and ``noun``, plural unless it is one."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def minutes(seconds: float) -> str:
     """``'2 min 05 s'``."""
     return f"{int(seconds // 60)} min {seconds % 60:02.0f} s"

@@ -6,7 +6,9 @@ own code, notes on settings lkv chose on purpose. Each one is filtered here, by 
 a new or unexpected warning still shows. ``LKV_VERBOSE=1`` switches every filter off.
 
 Progress bars, the libraries' included (loading weights, writing a parquet shard, downloading a hub model),
-are left alone.
+are left alone on a terminal. Written to a file or a pipe a bar is a growing line of carriage returns, so
+there the libraries' bars are switched off (:func:`quiet`; Lightning's in :mod:`lkv.train.progress`) and lkv
+prints its own progress lines (:class:`lkv.core.progress.Progress`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 
 VERBOSE_ENV = "LKV_VERBOSE"
@@ -46,6 +49,17 @@ HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
         "a short fit (a small demo, a test) logs at its end; nothing is lost",
     ),
     (
+        r"Total length of `\w+` across ranks is zero",
+        UserWarning,
+        "a fit without `data.val` validates on an empty loader by design (empty training folders are refused)",
+    ),
+    (
+        r"Checkpoint directory .* exists and is not empty",
+        UserWarning,
+        "every documented resume (`--ckpt_path last`) meets its own checkpoints; a fresh run into a folder "
+        "of checkpoints is refused by lkv itself",
+    ),
+    (
         r"LightningCLI's args parameter is intended",
         UserWarning,
         "`lkv fit ...` hands LightningCLI the arguments after the verb, which sys.argv also holds",
@@ -54,7 +68,16 @@ HARMLESS_WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 
 # (logger, message regex, why it is harmless): informational lines of the libraries
 HARMLESS_LOG_LINES: tuple[tuple[str, str, str], ...] = (
-    ("lightning.pytorch.utilities.rank_zero", r"💡 Tip: .*litlogger", "an advert for a cloud service"),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"💡 Tip: .*(litlogger|litmodels)",
+        "adverts for cloud services",
+    ),
+    (
+        "lightning.pytorch.utilities.rank_zero",
+        r"`Trainer.fit` stopped: `max_steps=",
+        "the last `lkv fit: N/N steps` line says the fit reached its step count",
+    ),
     (
         "lightning.pytorch.utilities.rank_zero",
         r"(GPU|TPU|HPU) available: False",
@@ -65,7 +88,12 @@ HARMLESS_LOG_LINES: tuple[tuple[str, str, str], ...] = (
         r"Loading `train_dataloader` to estimate number of stepping batches",
         "the learning-rate schedule asks for the fit's step count before the loop opens its loader",
     ),
+    ("lightning.fabric.utilities.seed", r"Seed set to", "the seed is in the config every fit saves"),
 )
+
+# environment variables that switch off the progress bars of huggingface_hub (and so transformers' weight
+# loading) and datasets (parquet writing, split generation); read when those libraries are imported
+LIBRARY_BARS_OFF = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")
 
 
 def verbose() -> bool:
@@ -85,9 +113,13 @@ class _DropMessages(logging.Filter):
 
 
 def quiet() -> None:
-    """Install the filters above in this process (idempotent; nothing when :func:`verbose`)."""
+    """Install the filters above in this process (idempotent; nothing when :func:`verbose`), and switch
+    the libraries' progress bars off when standard error is no terminal (a variable the user set wins)."""
     if verbose():
         return
+    if not sys.stderr.isatty():
+        for name in LIBRARY_BARS_OFF:
+            os.environ.setdefault(name, "1")
     for message, category, _ in HARMLESS_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
     by_logger: dict[str, list[str]] = {}

@@ -18,7 +18,7 @@ RUN_FILE = "run.json"
 #: probe without probe rows)
 UNUSED_WHEN_NONE = frozenset({"adapter", "probe"})
 #: ``run.json`` keys added after folders were made without them: a missing key reads as this value
-ADDED_KEYS = {"head_budget": "equal"}
+ADDED_KEYS = {"head_budget": "equal", "truncate": "error"}
 #: ``run.json`` key of the named lookahead modules (``lkv eval --adapters``: name → fingerprint), which a later
 #: run may extend
 NAMED = "adapters"

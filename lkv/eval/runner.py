@@ -41,6 +41,7 @@ from lkv.core.attention import AttentionCapture, ImportanceCapture
 from lkv.core.budget import Budget
 from lkv.core.cache import cache_bytes, token_bytes
 from lkv.core.clock import clock
+from lkv.core.context import Truncate, fit_context, model_context
 from lkv.core.generation import Sampling, crop_to, decode, prefill
 from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
@@ -200,6 +201,9 @@ class Evaluator:
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
         selection: every method's selector settings (:class:`~lkv.eviction.selector.Selection`), e.g. how its
             budget is spread over the KV heads of a layer: ``equal`` or ``adaptive`` (AdaKV).
+        truncate: a sample whose context, question and answer tokens do not fit in the model's context
+            (:func:`lkv.core.context.fit_context`): ``error`` refuses it before the task's first prefill;
+            ``left`` or ``middle`` cut its context.
     """
 
     def __init__(
@@ -216,6 +220,7 @@ class Evaluator:
         enable_thinking: bool = False,
         max_batch_tokens: int | None = None,
         selection: Selection = DEFAULT_SELECTION,
+        truncate: Truncate = "error",
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -242,6 +247,8 @@ class Evaluator:
         self.batch_size = batch_size
         self.enable_thinking = enable_thinking
         self.max_batch_tokens = max_batch_tokens
+        self.truncate = truncate
+        self.context = model_context(model)
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
@@ -271,6 +278,9 @@ class Evaluator:
         units = []
         for sample in task.samples(self.tokenizer):
             context, question = encode_sample(sample, self.tokenizer, self.enable_thinking)
+            reserve = len(question) + sample.max_new_tokens
+            where = f"task {task.name}, sample {sample.id}: the prompt"
+            context = fit_context(context, reserve, self.context, self.truncate, where)
             for setting in self.settings:
                 todo = self._pending(task.name, sample.id, setting)
                 if todo:

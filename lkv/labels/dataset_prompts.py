@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lkv.core.files import not_utf8
 from lkv.labels.prompts import Prompt, PromptSource
 
 
@@ -32,6 +33,12 @@ class JsonlPrompts(PromptSource):
     def __iter__(self) -> Iterator[Prompt]:
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such prompt file")
+        try:
+            yield from self._records()
+        except UnicodeDecodeError as error:
+            raise not_utf8(self.path, error, "prompt file") from None
+
+    def _records(self) -> Iterator[Prompt]:
         seen: dict[str, int] = {}
         with self.path.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):

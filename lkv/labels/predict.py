@@ -23,8 +23,9 @@ import lightning as L
 from lightning.pytorch.callbacks import BasePredictionWriter
 
 from lkv.core.chat import template_kwargs
+from lkv.core.context import model_context
 from lkv.core.generation import eos_ids
-from lkv.core.progress import Progress
+from lkv.core.progress import Progress, counted
 from lkv.labels.batched import label_batch, label_response
 from lkv.labels.gold import missed, reference_response
 from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
@@ -85,6 +86,14 @@ class LabelingModule(L.LightningModule):
             hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
         )
         self.eos = eos_ids(self.backbone, self.tokenizer)
+        context = model_context(self.backbone)
+        if context is not None and hp.max_prompt_tokens + hp.response_tokens > context:
+            # checked before any prefill: past its context a model answers garbage, after a long prefill
+            raise ValueError(
+                f"--max_prompt_tokens {hp.max_prompt_tokens} + --response_tokens {hp.response_tokens} is over "
+                f"the model's context of {context} tokens; give --max_prompt_tokens "
+                f"{context - hp.response_tokens} or less (longer prompts follow --truncation)"
+            )
 
     def tokenize_responses(self) -> None:
         """Token ids of every given response, checked (:meth:`ResponsesFile.tokens`) before anything is
@@ -245,7 +254,7 @@ class ShardPredictionWriter(BasePredictionWriter):
                 doc_id=prompt.doc_id,
             )
             self.written += 1
-        self.progress.update(note=f"{self.written} prompts labelled")
+        self.progress.update(note=f"{counted(self.written, 'prompt')} labelled")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: LabelingModule) -> None:
         self.writer.flush()

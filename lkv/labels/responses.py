@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lkv.core.files import read_text
+
 
 @dataclass
 class EngineResponse:
@@ -59,10 +61,9 @@ class ResponsesFile:
         if not self.path.is_file():
             raise FileNotFoundError(f"--responses {self.path}: no such file")
         self.responses: dict[str, EngineResponse] = {}
-        with self.path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    self._add(line, f"{self.path}:{number}")
+        for number, line in enumerate(read_text(self.path, "--responses").split("\n"), start=1):
+            if line.strip():
+                self._add(line, f"{self.path}:{number}")
         if not self.responses:
             raise ValueError(f"--responses {self.path}: the file holds no responses")
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()

@@ -38,6 +38,8 @@ from pathlib import Path
 from filelock import FileLock
 
 CACHE_ENV = "LKV_CACHE"
+# the embedded model's short name: every verb's default `--model` (:mod:`lkv.model.backbone` resolves it)
+DEFAULT_MODEL = "smollm2-135m"
 FETCH_COMMAND = "lkv assets"
 MARKER = ".lkv-complete"
 

@@ -26,10 +26,10 @@ from lkv.core.attention import check_attn_implementation, install_capture
 from lkv.model import assets
 from lkv.model.gguf import load_gguf
 
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = assets.DEFAULT_MODEL
 # short name → folder of the converted embedded asset, fetched on first use (looked up at call time, so a
 # patched or re-pointed `assets.model_dir` takes effect)
-SHORT_NAMES: dict[str, Callable[[], Path]] = {"smollm2-135m": lambda: assets.model_dir()}
+SHORT_NAMES: dict[str, Callable[[], Path]] = {DEFAULT_MODEL: lambda: assets.model_dir()}
 DTYPES: dict[str, torch.dtype | str] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,

@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from lkv import __version__
 from lkv.core.attention import ImportanceCapture
 from lkv.core.compat import cache_kwargs, layer_causal_mask
+from lkv.core.files import check_safetensors, follow_umask
 from lkv.core.generation import crop_to
 
 CONFIG_FILE = "lookahead.json"
@@ -90,6 +91,29 @@ def exported_base_model(folder: str | Path) -> str | None:
         return json.loads(path.read_text()).get("extra", {}).get("model")
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed lookahead config ({err})") from err
+
+
+def read_lookahead_folder(folder: Path) -> LookaheadConfig:
+    """The config of an ``lkv export`` adapter folder, after checking that its weight files are there and
+    whole (the embeddings, and the peft LoRA files when the module has LoRA), before any model loads.
+
+    Raises:
+        FileNotFoundError: a missing file, named.
+        ValueError: a malformed ``lookahead.json`` or an unreadable safetensors file, named.
+    """
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found — is {folder} a folder written by `lkv export`?")
+    try:
+        config = LookaheadConfig(**json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError) as err:
+        raise ValueError(f"{path}: malformed lookahead config ({err})") from err
+    check_safetensors(folder / EMBEDDINGS_FILE, "the lookahead embeddings")
+    if config.uses_lora:
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"{folder / 'adapter_config.json'}: not found (the peft LoRA config)")
+        check_safetensors(folder / "adapter_model.safetensors", "the peft LoRA weights")
+    return config
 
 
 def _uses_lora(target_modules: list[str] | str) -> bool:
@@ -287,13 +311,7 @@ class LookaheadAdapter(nn.Module):
             adapter_name: the peft name of this module's LoRA on ``model``.
         """
         folder = Path(folder)
-        path = folder / CONFIG_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found — is {folder} a folder written by `lkv export`?")
-        try:
-            config = LookaheadConfig(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as err:
-            raise ValueError(f"{path}: malformed lookahead config ({err})") from err
+        config = read_lookahead_folder(folder)
         if config.hidden_size != model.config.hidden_size:
             raise ValueError(
                 f"{folder}: lookahead module was trained for hidden size {config.hidden_size}, "
@@ -340,6 +358,7 @@ class LookaheadAdapter(nn.Module):
         save_file(
             {"embeddings": self.embeddings.detach().float().cpu().contiguous()}, str(folder / EMBEDDINGS_FILE)
         )
+        follow_umask(*folder.glob("*.safetensors"))
         (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:

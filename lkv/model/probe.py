@@ -34,6 +34,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from lkv import __version__
+from lkv.core.files import check_safetensors, follow_umask
 
 PROBE_CONFIG_FILE = "probe.json"
 PROBE_WEIGHTS_FILE = "probe.safetensors"
@@ -139,8 +140,7 @@ class ImportanceProbe(nn.Module):
         probe = cls(config)
         probe.check_model(model, str(folder))
         path = folder / PROBE_WEIGHTS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (the probe's weights)")
+        check_safetensors(path, "the probe's weights")
         state = load_file(str(path))
         missing = sorted(set(probe.state_dict()) - set(state))
         unexpected = sorted(set(state) - set(probe.state_dict()))
@@ -160,6 +160,7 @@ class ImportanceProbe(nn.Module):
             name: tensor.detach().float().cpu().contiguous() for name, tensor in self.state_dict().items()
         }
         save_file(state, str(folder / PROBE_WEIGHTS_FILE))
+        follow_umask(folder / PROBE_WEIGHTS_FILE)
         (folder / PROBE_CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
 
     def check_model(self, model: PreTrainedModel, where: str = "the probe") -> None:

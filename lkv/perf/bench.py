@@ -167,6 +167,26 @@ def environment(threads: int, device: torch.device) -> dict[str, Any]:
     return info
 
 
+def _check_counts(
+    lengths: list[int] | dict[str, list[int]] | None, repeats: int, warmup: int, threads: int | None
+) -> None:
+    """Refuse, before any model loads, a prompt length under 1 token, no measured repetition, a negative
+    warm-up or under 1 thread; the message names the option as the user wrote it."""
+    per_name = lengths.items() if isinstance(lengths, dict) else [("", lengths or [])]
+    for name, sizes in per_name:
+        bad = [n for n in sizes if n < 1]
+        if bad:
+            where = f"--lengths.{name}" if name else "--lengths"
+            raise ValueError(f"{where}: expected prompt lengths of at least 1 token, found {bad}")
+    for option, value, least in (
+        ("--repeats", repeats, 1),
+        ("--warmup", warmup, 0),
+        ("--threads", threads, 1),
+    ):
+        if value is not None and value < least:
+            raise ValueError(f"{option}: expected a whole number ≥ {least}, found {value}")
+
+
 def run_benchmarks(
     selected: list[str],
     settings: BenchSettings,
@@ -187,6 +207,7 @@ def run_benchmarks(
         extra = sorted(set(lengths) - set(selected))
         if extra:
             raise ValueError(f"--lengths names sub-benchmarks {extra} that --which does not select")
+    _check_counts(lengths, repeats, warmup, threads)
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(settings.seed)

@@ -12,6 +12,7 @@ import copy
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from lkv.eval.stats import bootstrap_interval
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.perf.overhead import lookahead_overhead
 from lkv.sweep.grid import point_name
+from lkv.train.cli import check_hparams, resolved_fit_config
 from lkv.train.export import resolve_adapter
 
 RESULT_FILE = "result.json"
@@ -145,6 +147,26 @@ def eval_scores(folder: Path, method: str = "lookaheadkv") -> tuple[dict[str, fl
         scores[key] = sum(values) / len(values)
         intervals[key] = [*bootstrap_interval(values), len(values)]
     return scores, intervals
+
+
+def check_point_configs(points: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    """Parse every point's fit config as its `lkv fit` will (:func:`lkv.train.cli.resolved_fit_config`, no
+    model loads) and check its hyper-parameters, before the first fit starts: a bad grid key or value is one
+    line naming the point, not a child's usage text hours into the sweep.
+
+    Raises:
+        ValueError: ``--grid: point NAME: what the parser or the check said``.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        for values in points:
+            config = point_config(base, fit_values(values), Path(tmp), Path(tmp) / "logs")
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            try:
+                check_hparams(resolved_fit_config(path).get("model") or {})
+            except ValueError as error:
+                message = " ".join(str(error).split()).removeprefix(f"{path}: ")
+                raise ValueError(f"--grid: point {point_name(values)}: {message}") from None
 
 
 def run_logged(point: str, verb_args: list[str], log_path: Path) -> float:

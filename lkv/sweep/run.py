@@ -44,7 +44,7 @@ from typing import Any
 
 from lkv.sweep.grid import grid_points, point_name
 from lkv.sweep.launch import launch_points, parse_launcher
-from lkv.sweep.points import EVAL_PREFIX, RESULT_FILE, run_point, set_key
+from lkv.sweep.points import EVAL_PREFIX, RESULT_FILE, check_point_configs, run_point, set_key
 from lkv.sweep.summary import collect_results, summarize_points, write_sessions
 from lkv.train.cli import resolved_fit_config
 
@@ -120,6 +120,7 @@ def run_sweep(
         summary = summarize_points(results, out, *layout)
         left = f"; {len(missing)} without a result left out:\n  " + "\n  ".join(missing) if missing else ""
         return f"lkv sweep: summarised {len(results)} of {len(points)} points: {summary}{left}"
+    check_point_configs(points, config)
     if launch is not None:
         job_args = (eval_config, overhead_tokens, overhead_repeats, device)
         jobs, line = launch_points(launch, points, config, out, job_args)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -33,16 +34,20 @@ from typing import Any
 import lightning as L
 import torch
 import yaml
+from jsonargparse import ArgumentError
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+from lkv.core.progress import interactive
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import LabelDataModule
+from lkv.train.export import read_checkpoint
 from lkv.train.module import LookaheadKVModule
-from lkv.train.progress import FitProgressLines
+from lkv.train.progress import FitProgressLines, bar_on_terminal_only
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -90,8 +95,62 @@ def _tensorboard(trainer: L.Trainer | None) -> TensorBoardLogger | None:
     return next((logger for logger in loggers if isinstance(logger, TensorBoardLogger)), None)
 
 
+# hyper-parameter → (its least value, whether that value itself is allowed, what it is): checked as the config
+# enters, before any class is built or model loaded (a zero learning rate would train nothing, silently)
+HPARAM_FLOORS: dict[str, tuple[float, bool, str]] = {
+    "lr": (0.0, False, "a learning rate"),
+    "num_lookahead": (1, True, "lookahead tokens"),
+    "warmup_steps": (0, True, "steps"),
+    "weight_decay": (0.0, True, "a weight decay"),
+    "min_lr_ratio": (0.0, True, "a ratio of the learning rate"),
+}
+
+
+def check_hparams(model: Mapping[str, Any]) -> None:
+    """Refuse a ``model:`` section (its ``init_args`` when it names a class) with a value below its floor
+    in :data:`HPARAM_FLOORS`, naming the key as the config writes it (``model.lr``, or
+    ``model.init_args.lr``).
+
+    Raises:
+        ValueError: one line: the key, what it must be and the value found.
+    """
+    prefix = "model."
+    if model.get("init_args") is not None:
+        model, prefix = model["init_args"], "model.init_args."
+    for key, (floor, inclusive, what) in HPARAM_FLOORS.items():
+        value = model.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        if value < floor or (value == floor and not inclusive):
+            bound = f"≥ {floor}" if inclusive else f"> {floor}"
+            raise ValueError(f"{prefix}{key}: expected {what} {bound}, found {value}")
+
+
 class LookaheadCLI(LightningCLI):
     """LightningCLI whose ``fit`` never overwrites or silently continues another run's checkpoints."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_hparams(config.get("model") or {})
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer = super().instantiate_trainer(**kwargs)
+        bar_on_terminal_only(trainer)
+        return trainer
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``subcommand``; if it fails before its first optimizer step, remove the TensorBoard version
+        folder it created (the saved config, empty event files): a failed start leaves no run to look at."""
+        logger = self.trainer.logger
+        created = None
+        if isinstance(logger, TensorBoardLogger) and not Path(logger.log_dir).exists():
+            created = Path(logger.log_dir)
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            if created is not None and created.is_dir() and self.trainer.global_step == 0:
+                shutil.rmtree(created)
+            raise
 
     def before_fit(self) -> None:
         folders = [
@@ -123,7 +182,7 @@ class LookaheadCLI(LightningCLI):
         candidates = {None: hpc, "hpc": hpc, "last": last}.get(ckpt_path, [Path(str(ckpt_path))])
         for path in candidates:
             if path.is_file():
-                checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+                checkpoint = read_checkpoint(path)
                 self._check_same_run(checkpoint, path)
                 self._continue_run_folder(checkpoint)
 
@@ -214,6 +273,8 @@ def lightning_main(args: list[str]) -> None:
         args=args,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
+        # a bad key or value raises (the entry point makes it one line) instead of printing the whole usage
+        parser_kwargs={"exit_on_error": False},
         trainer_defaults={
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
@@ -225,6 +286,8 @@ def lightning_main(args: list[str]) -> None:
             # added to the config's callbacks, never replaced by them: progress lines in a log file, the
             # TensorBoard run in checkpoints
             "callbacks": [FitProgressLines(), TensorBoardRun()],
+            # the layer table (and its "Total FLOPs") on a terminal; a log file gets lkv's own lines
+            "enable_model_summary": interactive(),
         },
     )
 
@@ -242,6 +305,8 @@ def resolved_fit_config(path: str | Path) -> dict[str, Any]:
     try:
         with redirect_stdout(out):
             lightning_main(["fit", "--config", str(path), "--print_config"])
+    except ArgumentError as error:
+        raise ValueError(f"{path}: {' '.join(str(error).split())}") from None
     except SystemExit as exit_info:
         if exit_info.code not in (0, None):
             raise ValueError(

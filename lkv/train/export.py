@@ -14,8 +14,9 @@ Only a checkpoint needs the LightningModules, so they (and Lightning) are import
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +32,25 @@ EXPORT_SUFFIX = "-adapter"
 PROBE_EXPORT_SUFFIX = "-probe"
 
 
+def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
+    """The contents of a checkpoint file (memory-mapped, on the CPU).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a file torch cannot read (truncated, or no checkpoint at all), named.
+    """
+    if not Path(ckpt).is_file():
+        raise FileNotFoundError(f"checkpoint {str(ckpt)!r} not found")
+    unreadable = "expected a checkpoint written by `lkv fit`, found an unreadable file"
+    if not zipfile.is_zipfile(ckpt):  # torch.save writes a zip archive; its index is at the end
+        raise ValueError(f"checkpoint {ckpt}: {unreadable} (no zip archive: cut short, or not a checkpoint)")
+    try:
+        return torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as error:  # torch raises RuntimeError, UnpicklingError, EOFError ... for a damaged file
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ValueError(f"checkpoint {ckpt}: {unreadable} ({reason})") from None
+
+
 def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
     """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args).
 
@@ -40,9 +60,7 @@ def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
     from lkv.train.module import LookaheadKVModule
     from lkv.train.probe_module import ProbeModule
 
-    if not Path(ckpt).is_file():
-        raise FileNotFoundError(f"checkpoint {str(ckpt)!r} not found")
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True).get("state_dict", {})
+    state = read_checkpoint(ckpt).get("state_dict", {})
     module_class = ProbeModule if any(key.startswith("probe.") for key in state) else LookaheadKVModule
     kept = {k: v for k, v in overrides.items() if v is not None}
     return module_class.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, **kept)

@@ -1,6 +1,8 @@
 """`lkv fit` progress as lines when output is not a terminal (a log file, a pipe).
 
-Lightning's progress bar redraws a terminal line; written to a file it shows nothing until the fit ends.
+Lightning's progress bar redraws a terminal line; written to a file it is a growing line of carriage
+returns that shows nothing readable until the loop ends. :func:`bar_on_terminal_only` switches it off there
+(it stays the trainer's progress bar, so the lines below know progress is wanted), and
 :class:`FitProgressLines` prints a line every ~5 % of the optimiser steps (step, epoch, loss, time left) and
 one per validation (its ``val/*`` metrics). :func:`lkv.train.cli.lightning_main` adds it to every fit.
 """
@@ -10,8 +12,17 @@ from __future__ import annotations
 import math
 
 import lightning as L
+from lightning.pytorch.callbacks import ProgressBar
 
-from lkv.core.progress import Progress
+from lkv.core.progress import Progress, interactive
+
+
+def bar_on_terminal_only(trainer: L.Trainer) -> None:
+    """Silence ``trainer``'s progress bar (tqdm's or rich's) when standard output is no terminal (lkv prints progress
+    lines there instead: :class:`FitProgressLines`, the labeller's :class:`~lkv.core.progress.Progress`)."""
+    bar = trainer.progress_bar_callback
+    if isinstance(bar, ProgressBar) and not interactive():
+        bar.disable()
 
 
 class FitProgressLines(L.Callback):

@@ -76,3 +76,25 @@ def test_lkv_verbose_shows_the_library_notices(workspace):
     shown = noise(output)
     assert any("litlogger" in line for line in shown), output
     assert any("FutureWarning: `is_gradient_checkpointing`" in line for line in shown), output
+
+
+# a progress bar's redraw, a tqdm bar's rate, a library bar's title, Lightning's layer table
+BAR = re.compile(r"\r|it/s\]|━|Loading weights|Creating parquet|Generating train split|Total F(LOP|lop)s")
+
+
+def test_piped_output_holds_no_progress_bar_and_no_layer_table(workspace):
+    labelled = run(label_args(workspace, workspace / "quiet-labels", workspace / "prompts.jsonl"), workspace)
+    assert not BAR.search(labelled), labelled
+    assert labelled.splitlines()[-1].startswith("8 labelled prompts in 8 shards at "), labelled
+    args = fit_args(workspace, workspace / "quiet-fit")
+    settings = yaml.safe_load(Path(args[-1]).read_text())
+    for key in ("enable_progress_bar", "enable_model_summary"):  # Lightning's defaults, as in the configs
+        settings["trainer"].pop(key)
+    Path(args[-1]).write_text(yaml.safe_dump(settings))
+    fitted = run(args, workspace)
+    assert not BAR.search(fitted) and "Seed set to" not in fitted, fitted
+    assert re.findall(r"^lkv fit: (\d+)/4 steps", fitted, re.M) == ["1", "2", "3", "4"], fitted
+    settings["trainer"]["max_steps"] = 5  # the documented resume: its own checkpoints are no warning
+    Path(args[-1]).write_text(yaml.safe_dump(settings))
+    resumed = run([*args, "--ckpt_path", "last"], workspace)
+    assert not BAR.search(resumed) and "not empty" not in resumed, resumed

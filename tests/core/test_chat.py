@@ -146,7 +146,14 @@ def test_generate_command_renders_with_thinking_off_unless_asked(thinking_tokeni
     )
     encoded = []
     real = Compressor.encode
-    monkeypatch.setattr(Compressor, "encode", lambda self, p: encoded.append(real(self, p)) or encoded[-1])
+
+    def text_encodings(self, prompt):  # the rendered text prompts (their ids are passed on as they are)
+        ids = real(self, prompt)
+        if isinstance(prompt, str):
+            encoded.append(ids)
+        return ids
+
+    monkeypatch.setattr(Compressor, "encode", text_encodings)
     args = ["generate", "--prompt", "Where is the key? " * 5, "--method", "fullkv", "--max_new_tokens", "2"]
     main(args)
     main([*args, "--enable_thinking", "true"])
