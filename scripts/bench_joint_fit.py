@@ -40,8 +40,9 @@ KINDS = ("module", "probe", "joint")
 SHARED = ("model", "dtype", "attn_implementation", "eval_budgets", "snapkv_window", "snapkv_kernel")
 
 
-def run_configs(joint: dict[str, Any], train: str, steps: int) -> dict[str, dict[str, Any]]:
-    """The three fit configs (``module``, ``probe``, ``joint``) of the joint config ``joint``."""
+def run_configs(joint: dict[str, Any], train: str, steps: int, root: Path) -> dict[str, dict[str, Any]]:
+    """The three fit configs (``module``, ``probe``, ``joint``) of the joint config ``joint``, writing what a
+    fit writes (its ``config.yaml``) under ``root``."""
     model = joint.get("model") or {}
     if not isinstance(model.get("probe"), dict):
         raise ValueError("model.probe: expected the probe settings of a joint fit, found none")
@@ -59,6 +60,7 @@ def run_configs(joint: dict[str, Any], train: str, steps: int) -> dict[str, dict
             "callbacks": [],
             "enable_progress_bar": False,
             "enable_model_summary": False,
+            "default_root_dir": str(root),
         }
     )
     base["data"] = {**base.get("data", {}), "train": train, "val": None}
@@ -135,13 +137,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv[1:] if argv is None else argv
     )
     train = args.train.split(",")
-    configs = run_configs(
-        yaml.safe_load(Path(args.config).read_text()), train if len(train) > 1 else train[0], args.steps
-    )
+    joint = yaml.safe_load(Path(args.config).read_text())
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
+        configs = run_configs(joint, train if len(train) > 1 else train[0], args.steps, Path(tmp))
         for name, config in configs.items():
             (Path(tmp) / f"{name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         for index in range(args.rounds):
