@@ -251,7 +251,13 @@ def make_label_folder(
     return folder
 
 
-TINY = {"num_lookahead": 4, "optim": OptimSettings(lr=1e-2), "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+TINY = {
+    "num_lookahead": 4,
+    "optim": OptimSettings(lr=1e-2),
+    "snapkv_window": 8,
+    "snapkv_kernel": 3,
+    "eval_budgets": (4, 8),
+}
 
 
 @pytest.fixture
