@@ -77,7 +77,8 @@ def run_configs(joint: dict[str, Any], train: str, steps: int, root: Path) -> di
 
 
 def run_fit(config: Path) -> dict[str, float]:
-    """``lkv fit --config config`` in its own process: wall seconds and peak resident MiB."""
+    """``lkv fit --config config`` in its own process: wall seconds, CPU seconds (user + system: what the run
+    itself computed, less sensitive than wall time to other jobs on a shared machine) and peak resident MiB."""
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "lkv", "fit", "--config", str(config)],
@@ -88,39 +89,57 @@ def run_fit(config: Path) -> dict[str, float]:
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"lkv fit --config {config} failed:\n{process.stderr.read().decode()[-3000:]}")
-    return {"wall_s": round(wall, 2), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+    }
 
 
 def summary(runs: list[dict[str, Any]], steps: int, train: str, command: str) -> str:
-    """Markdown: per kind the median wall time and peak memory over rounds, ``two runs`` and the ratios."""
-    median = {
-        kind: {
-            key: statistics.median(r[key] for r in runs if r["kind"] == kind)
-            for key in ("wall_s", "peak_rss_mib")
+    """Markdown: per kind the median wall time, CPU time and peak memory over rounds, ``two runs`` (module +
+    probe), and joint / two runs: of the medians, and the median of each round's own ratio (the runs of one
+    round ran minutes apart, under much the same load)."""
+    keys = ("wall_s", "cpu_s", "peak_rss_mib")
+    rounds = sorted({r["round"] for r in runs})
+    by = {(r["round"], r["kind"]): r for r in runs}
+
+    def two_runs(rows: dict[str, dict[str, float]]) -> dict[str, float]:
+        module, probe = rows["module"], rows["probe"]
+        return {
+            "wall_s": module["wall_s"] + probe["wall_s"],
+            "cpu_s": module["cpu_s"] + probe["cpu_s"],
+            "peak_rss_mib": max(module["peak_rss_mib"], probe["peak_rss_mib"]),
         }
-        for kind in KINDS
-    }
-    two = {
-        "wall_s": median["module"]["wall_s"] + median["probe"]["wall_s"],
-        "peak_rss_mib": max(median["module"]["peak_rss_mib"], median["probe"]["peak_rss_mib"]),
-    }
-    rounds = len(runs) // len(KINDS)
+
+    median = {kind: {k: statistics.median(by[i, kind][k] for i in rounds) for k in keys} for kind in KINDS}
+    median["two runs (module + probe)"] = two_runs(median)
+    per_round = [
+        {k: by[i, "joint"][k] / two_runs({kind: by[i, kind] for kind in KINDS})[k] for k in keys}
+        for i in rounds
+    ]
+    ratio = {k: median["joint"][k] / median["two runs (module + probe)"][k] for k in keys}
+    round_ratio = {k: statistics.median(r[k] for r in per_round) for k in keys}
     lines = [
         f"`{command}`",
         "",
-        f"{steps} optimiser steps of batch 1 on {train}, training only; medians of {rounds} rounds; load average "
-        f"{os.getloadavg()[0]:.1f} at the end.",
+        f"{steps} optimiser steps of batch 1 on {train}, training only; medians of {len(rounds)} rounds; load "
+        f"average {os.getloadavg()[0]:.1f} at the end.",
         "",
-        "| run | wall s | peak RSS MiB |",
-        "|---|---:|---:|",
+        "| run | wall s | CPU s | peak RSS MiB |",
+        "|---|---:|---:|---:|",
         *(
-            f"| {kind} | {median[kind]['wall_s']:.1f} | {median[kind]['peak_rss_mib']:.0f} |"
-            for kind in KINDS
+            f"| {kind} | {row['wall_s']:.1f} | {row['cpu_s']:.1f} | {row['peak_rss_mib']:.0f} |"
+            for kind, row in median.items()
         ),
-        f"| two runs (module + probe) | {two['wall_s']:.1f} | {two['peak_rss_mib']:.0f} |",
         "",
-        f"joint / two runs: wall {median['joint']['wall_s'] / two['wall_s']:.2f}x, peak memory "
-        f"{median['joint']['peak_rss_mib'] / two['peak_rss_mib']:.2f}x",
+        "| joint / two runs | wall | CPU | peak memory |",
+        "|---|---:|---:|---:|",
+        f"| of the medians | {ratio['wall_s']:.2f}x | {ratio['cpu_s']:.2f}x | {ratio['peak_rss_mib']:.2f}x |",
+        f"| median of the rounds' own | {round_ratio['wall_s']:.2f}x | {round_ratio['cpu_s']:.2f}x | "
+        f"{round_ratio['peak_rss_mib']:.2f}x |",
+        "",
+        "per round (wall, CPU): " + ", ".join(f"{r['wall_s']:.2f}x / {r['cpu_s']:.2f}x" for r in per_round),
     ]
     return "\n".join(lines) + "\n"
 
