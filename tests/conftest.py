@@ -251,13 +251,9 @@ def make_label_folder(
     return folder
 
 
-TINY = {
-    "num_lookahead": 4,
-    "optim": OptimSettings(lr=1e-2),
-    "snapkv_window": 8,
-    "snapkv_kernel": 3,
-    "eval_budgets": (4, 8),
-}
+# validation settings of every tiny predictor (lookahead module or probe)
+TINY_EVAL = {"snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+TINY = {"num_lookahead": 4, "optim": OptimSettings(lr=1e-2), **TINY_EVAL}
 
 
 @pytest.fixture

@@ -18,12 +18,11 @@ from lkv.train.module import LookaheadKVModule
 from lkv.train.optim import OptimSettings
 from lkv.train.probe_head import ProbeSettings
 from lkv.train.probe_module import ProbeModule
-from tests.conftest import TINY, build_tiny_model
+from tests.conftest import TINY, TINY_EVAL, build_tiny_model
 
 # the probe's own settings: another lr than the module's (TINY: 1e-2), a warm-up the module does not have
 PROBE_OPTIM = OptimSettings(lr=3e-2, warmup_steps=2, min_lr_ratio=0.2)
 PROBE = ProbeSettings(hidden_dim=8, seed=3, optim=PROBE_OPTIM)
-EVAL = {"snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
 
 
 @pytest.fixture
@@ -75,7 +74,7 @@ def test_the_joint_fit_trains_each_predictor_as_it_trains_alone(tiny_probe_backb
         LookaheadKVModule(model="tiny", **TINY, lora_dropout=0.2), label_folders, tmp_path / "module", 5
     )
     probe_fit, _ = run(
-        ProbeModule(model="tiny", hidden_dim=8, seed=3, optim=PROBE_OPTIM, **EVAL),
+        ProbeModule(model="tiny", hidden_dim=8, seed=3, optim=PROBE_OPTIM, **TINY_EVAL),
         label_folders,
         tmp_path / "probe",
         5,

@@ -28,15 +28,9 @@ from lkv.train.export import load_checkpoint, resolve_probe
 from lkv.train.optim import OptimSettings
 from lkv.train.probe_module import ProbeModule
 from tests.cli.conftest import fit_settings, make_workspace
-from tests.conftest import build_tiny_model
+from tests.conftest import TINY_EVAL, build_tiny_model
 
-TINY_PROBE = {
-    "hidden_dim": 8,
-    "optim": OptimSettings(lr=1e-2),
-    "snapkv_window": 8,
-    "snapkv_kernel": 3,
-    "eval_budgets": (4, 8),
-}
+TINY_PROBE = {"hidden_dim": 8, "optim": OptimSettings(lr=1e-2), **TINY_EVAL}
 
 
 @pytest.fixture
