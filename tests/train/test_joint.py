@@ -3,13 +3,17 @@ trains as it would alone, one checkpoint holds and resumes both, one `lkv export
 
 import copy
 import json
+import re
 
 import lightning as L
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import lkv.train.probe_module
+from lkv.cli import main as lkv_main
+from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
 from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE, ImportanceProbe
 from lkv.train.datamodule import LabelDataModule
@@ -18,6 +22,7 @@ from lkv.train.module import LookaheadKVModule
 from lkv.train.optim import OptimSettings
 from lkv.train.probe_head import ProbeSettings
 from lkv.train.probe_module import ProbeModule
+from tests.cli.conftest import fit_settings, make_workspace
 from tests.conftest import TINY, TINY_EVAL, build_tiny_model
 
 # the probe's own settings: another lr than the module's (TINY: 1e-2), a warm-up the module does not have
@@ -170,3 +175,29 @@ def test_a_module_checkpoint_without_a_probe_exports_as_before(tiny_probe_backbo
         export_checkpoint(path, tmp_path / path.stem)
         assert not (tmp_path / path.stem / PROBE_SUBFOLDER).exists()
         assert json.loads((tmp_path / path.stem / CONFIG_FILE).read_text())["extra"] == {"model": "tiny"}
+
+
+def test_lkv_fit_resume_and_export_of_a_joint_config(tmp_path, capsys):
+    """Through the real entry points: the probe settings as a config section, a resumed fit, one export folder."""
+    root = make_workspace(tmp_path)
+    run = tmp_path / "run"
+    settings = fit_settings(root, run, max_steps=2)
+    settings["model"]["probe"] = {"hidden_dim": 8, "optim": {"lr": 2e-2, "warmup_steps": 1}}
+    settings["data"]["val"] = str(root / "train")
+    config = tmp_path / "joint.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    lkv_main(["fit", "--config", str(config)])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    lkv_main(["fit", "--config", str(config), "--ckpt_path", "last", "--trainer.max_steps", "3"])
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 3 and checkpoint["hyper_parameters"]["probe"]["hidden_dim"] == 8
+    assert [g["name"] for g in checkpoint["optimizer_states"][0]["param_groups"]] == ["module", "probe"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # a resume without the probe is another run
+        lkv_main(["fit", "--config", str(config), "--ckpt_path", "last", "--model.probe", "null"])
+    assert re.search(r"belongs to a different run.*model\.probe: \{'hidden_dim': 8", capsys.readouterr().err)
+    lkv_main(["export", "--ckpt", str(ckpt), "--output", str(tmp_path / "adapter")])
+    assert "with its probe in" in capsys.readouterr().out
+    model, _ = load_backbone(str(root / "model"))
+    LookaheadAdapter.load(tmp_path / "adapter", model)
+    assert ImportanceProbe.load(tmp_path / "adapter" / PROBE_SUBFOLDER, model).config.hidden_dim == 8
