@@ -100,7 +100,8 @@ trainer:
 model:
   model: $OUT/llama
   dtype: $DTYPE
-  warmup_steps: 1
+  optim:
+    warmup_steps: 1
   eval_budgets: $BUDGETS
 data:
   train: [$OUT/labels/train-a, $OUT/labels/train-b]

@@ -34,6 +34,7 @@ from lkv.model.backbone import model_signature
 from lkv.train.callbacks import ImportanceImages
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.module import LookaheadKVModule
+from lkv.train.optim import OptimSettings
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -250,7 +251,9 @@ def make_label_folder(
     return folder
 
 
-TINY = {"num_lookahead": 4, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+# validation settings of every tiny predictor (lookahead module or probe)
+TINY_EVAL = {"snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+TINY = {"num_lookahead": 4, "optim": OptimSettings(lr=1e-2), **TINY_EVAL}
 
 
 @pytest.fixture

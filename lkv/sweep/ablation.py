@@ -44,6 +44,7 @@ from lkv.perf.overhead import lookahead_overhead
 from lkv.sweep.grid import grid_points, point_name, write_summary
 from lkv.train.base import SharedPrefill
 from lkv.train.module import LookaheadKVModule, adapter_settings, draw_position_offset, training_loss
+from lkv.train.optim import clip_gradients
 
 # Module settings a grid may vary: the arguments of `LookaheadAdapter.create` and the training step's position
 # offset and loss; the optimiser is the main one's.
@@ -236,10 +237,7 @@ class LookaheadAblation(L.Callback):
                 if p.grad is not None:
                     p.grad = trainer.strategy.reduce(p.grad, reduce_op="mean")
         if trainer.gradient_clip_val:
-            if trainer.gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(params, trainer.gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(params, trainer.gradient_clip_val)
+            clip_gradients(params, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
         point.optimizer.step()
         point.optimizer.zero_grad()
         point.scheduler.step()

@@ -13,24 +13,25 @@ TensorBoard:
 - validation and test: ``val/kl``, ``val/recall@C``, ``val/kendall_tau`` and SnapKV's reference line
   ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau`` from an observation-window capture of the same prefill;
   a fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`);
-- AdamW with a cosine or constant schedule per optimiser step (:meth:`optimizer_for`);
+- AdamW with a cosine or constant schedule per optimiser step (``model.optim``, :mod:`lkv.train.optim`), one
+  parameter group per predictor trained in the fit (:meth:`param_groups`), each clipped alone;
+- predictors trained beside the main one on the same prefill (a lookahead module's probe): their losses
+  (:meth:`side_losses`, logged as ``train/<name>``) join the backpropagated loss, their validation metrics
+  (:meth:`side_metrics`) are logged beside the main one's;
 - checkpoints trimmed to :meth:`trainable_parameters` (the frozen LLM is reloaded by ``configure_model``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from torchmetrics import MetricCollection
 from transformers import DynamicCache, PreTrainedModel
-from transformers.optimization import (
-    get_constant_schedule_with_warmup,
-    get_cosine_with_min_lr_schedule_with_warmup,
-)
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
 from lkv.core.budget import token_budgets
@@ -41,6 +42,7 @@ from lkv.core.tensorboard import hparams_session
 from lkv.eviction.presses.snapkv import snapkv_scores
 from lkv.model.backbone import ModelSignature, model_signature
 from lkv.train.datamodule import Sample
+from lkv.train.optim import OptimSettings, ParamGroup, as_settings, build_optimizer, clip_gradients
 
 
 @dataclass
@@ -68,9 +70,9 @@ class SharedPrefill:
 class ImportanceModule(L.LightningModule):
     """Base of the trained importance predictors (see the module docstring for what it provides).
 
-    The subclass's ``__init__`` calls ``super().__init__(eval_budgets)`` then ``self.save_hyperparameters()``,
-    and its hyper-parameters include ``model``, ``lr``, ``betas``, ``weight_decay``, ``warmup_steps``,
-    ``scheduler``, ``min_lr_ratio``, ``eval_budgets``, ``snapkv_window`` and ``snapkv_kernel``.
+    The subclass's ``__init__`` calls ``super().__init__(eval_budgets, optim)`` then ``self.save_hyperparameters()``,
+    and its hyper-parameters include ``model``, ``optim`` (:class:`~lkv.train.optim.OptimSettings`),
+    ``eval_budgets``, ``snapkv_window`` and ``snapkv_kernel``.
 
     Attributes:
         share_prefill: return each step's prefills in its outputs (``outputs["prefills"]``, for sibling
@@ -80,8 +82,10 @@ class ImportanceModule(L.LightningModule):
 
     prediction_name = "prediction"
 
-    def __init__(self, eval_budgets: Sequence[int]) -> None:
+    def __init__(self, eval_budgets: Sequence[int], optim: OptimSettings | dict[str, Any]) -> None:
         super().__init__()
+        # as a dataclass here: the hyper-parameters keep what LightningCLI parsed (a dict)
+        self.optim = as_settings(optim, OptimSettings, "model.optim")
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False
         self.share_prefill = False
@@ -108,6 +112,21 @@ class ImportanceModule(L.LightningModule):
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         """State-dict key → parameter of everything that trains (what checkpoints keep)."""
         raise NotImplementedError
+
+    def param_groups(self) -> list[ParamGroup]:
+        """The optimiser's parameter groups: by default one, every trainable weight with ``model.optim``."""
+        return [ParamGroup("module", list(self.trainable_parameters().values()), self.optim)]
+
+    def side_losses(self, sample: Sample, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Name → one sample's loss of each predictor trained beside this one on the same prefill (none by
+        default). Their parameters are disjoint from this predictor's, so adding the losses leaves this
+        predictor's gradients exactly as they are alone."""
+        return {}
+
+    def side_metrics(self, stage: str) -> dict[str, MetricCollection]:
+        """Key of :meth:`importance`'s result → the ranking metrics of ``stage`` (``val`` or ``test``) that
+        score that prediction against s_GT, for predictors trained beside this one (none by default)."""
+        return {}
 
     def describe(self) -> str:
         """What this module is, for error messages (e.g. ``lookahead module (smollm2-135m, ...)``)."""
@@ -178,39 +197,49 @@ class ImportanceModule(L.LightningModule):
         return SharedPrefill(cache, target.float(), moved), window_scores
 
     def training_step(self, batch: list[Sample], batch_idx: int) -> torch.Tensor | dict[str, Any]:
-        losses, prefills = [], []
+        losses, side, prefills = [], {}, []
         for index, sample in enumerate(batch):
             scores = self.training_importance(sample, batch_idx, index)
             losses.append(self.loss(sample, scores))
+            for name, value in self.side_losses(sample, scores).items():
+                side.setdefault(name, []).append(value)
             prefills.append(
                 SharedPrefill(scores["cache"], scores["target"], scores.get("position_offset", 0))
             )
         loss = torch.stack(losses).mean()
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        total = loss
+        for name, values in side.items():
+            side_loss = torch.stack(values).mean()
+            self.log(f"train/{name}", side_loss, batch_size=len(batch))
+            total = total + side_loss
         self.log(
             "train/prompt_tokens", float(sum(s["prompt_ids"].numel() for s in batch)), batch_size=len(batch)
         )
-        return {"loss": loss, "prefills": prefills} if self.share_prefill else loss
+        return {"loss": total, "prefills": prefills} if self.share_prefill else total
 
-    def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics) -> dict[str, Any]:
+    def _evaluate(self, batch: list[Sample], metrics, snapkv_metrics, stage: str) -> dict[str, Any]:
         hp = self.hparams
+        side = self.side_metrics(stage)
         prefills = []
         for sample in batch:
             scores = self.importance(sample, snapkv=True)
             metrics.update(scores["pred"], scores["target"])
             snap = snapkv_scores(scores["snapkv_window"], hp.snapkv_window, hp.snapkv_kernel)
             snapkv_metrics.update(snap, scores["target"])
+            for key, side_metrics in side.items():
+                side_metrics.update(scores[key], scores["target"])
             prefills.append(SharedPrefill(scores.pop("cache"), scores["target"]))
-        self.log_dict(metrics, batch_size=len(batch))
-        self.log_dict(snapkv_metrics, batch_size=len(batch))
+        for collection in (metrics, snapkv_metrics, *side.values()):
+            self.log_dict(collection, batch_size=len(batch))
         # The last sample's scores, for callbacks that plot them.
         return {"id": batch[-1]["id"], **scores, **({"prefills": prefills} if self.share_prefill else {})}
 
     def validation_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, self.val_metrics, self.val_snapkv)
+        return self._evaluate(batch, self.val_metrics, self.val_snapkv, "val")
 
     def test_step(self, batch: list[Sample], batch_idx: int) -> dict[str, Any]:
-        return self._evaluate(batch, self.test_metrics, self.test_snapkv)
+        return self._evaluate(batch, self.test_metrics, self.test_snapkv, "test")
 
     def hparams_metrics(self) -> list[str]:
         """The validation metrics that rank fit runs in TensorBoard's HParams tab."""
@@ -223,7 +252,7 @@ class ImportanceModule(L.LightningModule):
         # A trainer with `enable_autolog_hparams: false` (`lkv sweep` points, which log their own) gets none.
         if not (self.trainer.enable_autolog_hparams and self.trainer.is_global_zero):
             return
-        params = {f"model.{k}": v for k, v in self.hparams.items() if not k.startswith("_")}
+        params = _flat({k: v for k, v in self.hparams.items() if not k.startswith("_")}, "model.")
         datamodule = self.trainer.datamodule
         if datamodule is not None:
             params |= {f"data.{k}": v for k, v in datamodule.hparams.items() if not k.startswith("_")}
@@ -238,29 +267,27 @@ class ImportanceModule(L.LightningModule):
             datamodule.set_epoch(self.current_epoch)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        return self.optimizer_for(list(self.trainable_parameters().values()))
+        return build_optimizer(self.param_groups(), self.trainer.estimated_stepping_batches)
 
     def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
-        """The module's AdamW and per-step learning-rate schedule over ``params`` (Lightning's optimiser
-        dict); sibling lookahead modules (:mod:`lkv.sweep.ablation`) get theirs from here too."""
-        hp = self.hparams
-        optimizer = torch.optim.AdamW(params, lr=hp.lr, betas=tuple(hp.betas), weight_decay=hp.weight_decay)
-        if hp.scheduler == "cosine":
-            total = self.trainer.estimated_stepping_batches
-            if total == float("inf"):
-                raise ValueError(
-                    "the cosine schedule needs a known length: set trainer.max_steps (a streamed label set "
-                    "has no length), or use model.scheduler=constant"
-                )
-            total = int(total)
-            schedule = get_cosine_with_min_lr_schedule_with_warmup(
-                optimizer, hp.warmup_steps, max(total, hp.warmup_steps + 1), min_lr_rate=hp.min_lr_ratio
-            )
-        elif hp.scheduler == "constant":
-            schedule = get_constant_schedule_with_warmup(optimizer, hp.warmup_steps)
-        else:
-            raise ValueError(f"scheduler must be 'cosine' or 'constant', got {hp.scheduler!r}")
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        """An AdamW and per-step schedule over ``params`` with this module's ``optim`` settings (Lightning's
+        optimiser dict), for sibling lookahead modules (:mod:`lkv.sweep.ablation`)."""
+        return build_optimizer(
+            [ParamGroup("module", params, self.optim)], self.trainer.estimated_stepping_batches
+        )
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip each parameter group alone (one group: Lightning's own clipping), so a predictor trained
+        beside this one never changes how this one's gradients are clipped."""
+        if not gradient_clip_val:
+            return
+        for group in optimizer.param_groups:
+            clip_gradients(group["params"], gradient_clip_val, gradient_clip_algorithm)
 
     def trainable_state_names(self) -> set[str]:
         """State-dict keys of the trainable weights."""
@@ -285,3 +312,16 @@ class ImportanceModule(L.LightningModule):
         # whole state dict instead of reporting every frozen tensor as missing.
         frozen = {k: v for k, v in self.state_dict().items() if k not in expected}
         checkpoint["state_dict"] = {**frozen, **checkpoint["state_dict"]}
+
+
+def _flat(params: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``params`` with every dataclass value (``optim``, ``probe``) spread into ``prefix.key.field`` entries."""
+    flat = {}
+    for key, value in params.items():
+        if is_dataclass(value) and not isinstance(value, type):
+            flat |= _flat(asdict(value), f"{prefix}{key}.")
+        elif isinstance(value, dict):
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

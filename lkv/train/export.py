@@ -4,6 +4,9 @@ The checkpoint holds only the trainable weights and the module's hyper-parameter
 module on its base model (peft needs the model to name the LoRA weights), loads the weights and writes
 :meth:`lkv.model.lookahead.LookaheadAdapter.save`'s folder, or :meth:`lkv.model.probe.ImportanceProbe.save`'s
 for a probe checkpoint (:class:`lkv.train.probe_module.ProbeModule`, whose trainable weights are ``probe.*``).
+A lookahead module trained with a probe beside it (``model.probe``) exports to one folder: the module's, with
+the probe's folder in ``<folder>/probe/`` (:data:`PROBE_SUBFOLDER`) and the preset the pair is meant for in
+``lookahead.json``'s ``extra["preset"]`` (``model.probe.preset``, default ``long``).
 Loading either folder back needs only the base model and no Lightning: ``LookaheadAdapter.load(folder,
 base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation
 stages do.
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
 # to `X-probe/`.
 EXPORT_SUFFIX = "-adapter"
 PROBE_EXPORT_SUFFIX = "-probe"
+# the probe trained beside a lookahead module, inside the module's exported folder
+PROBE_SUBFOLDER = "probe"
 
 
 def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
@@ -54,14 +59,15 @@ def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
 def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
     """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args).
 
-    A checkpoint whose weights are ``probe.*`` is a :class:`ProbeModule`'s, any other a
-    :class:`LookaheadKVModule`'s.
+    A checkpoint whose weights are all ``probe.*`` is a :class:`ProbeModule`'s, any other (``adapter.*``, with
+    or without a probe beside it) a :class:`LookaheadKVModule`'s.
     """
     from lkv.train.module import LookaheadKVModule
     from lkv.train.probe_module import ProbeModule
 
     state = read_checkpoint(ckpt).get("state_dict", {})
-    module_class = ProbeModule if any(key.startswith("probe.") for key in state) else LookaheadKVModule
+    probe_only = bool(state) and all(key.startswith("probe.") for key in state)
+    module_class = ProbeModule if probe_only else LookaheadKVModule
     kept = {k: v for k, v in overrides.items() if v is not None}
     return module_class.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, **kept)
 
@@ -69,8 +75,8 @@ def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
 def export_checkpoint(
     ckpt: str | Path, output: str | Path, model: str | None = None, dtype: str | None = None
 ) -> str:
-    """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``) or probe
-    (``probe.json`` + ``probe.safetensors``) to ``output``."""
+    """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``, and the probe
+    trained beside it in ``output/probe``) or probe (``probe.json`` + ``probe.safetensors``) to ``output``."""
     from lkv.train.probe_module import ProbeModule
 
     module = load_checkpoint(ckpt, model=model, dtype=dtype)
@@ -83,9 +89,19 @@ def export_checkpoint(
         return f"exported the {kind} probe ({config.num_layers} layers, target {config.target}) to {output}"
     # the folder names its base model, so loading it needs no `--model` (`exported_base_model`)
     module.adapter.config.extra["model"] = module.hparams.model
+    beside = ""
+    if module.probe is not None:
+        module.adapter.config.extra["preset"] = module.probe_settings.preset
+        module.probe.config.extra["model"] = module.hparams.model
+        module.probe.save(Path(output) / PROBE_SUBFOLDER)
+        beside = (
+            f" with its probe in {Path(output) / PROBE_SUBFOLDER} (preset {module.probe_settings.preset})"
+        )
     module.adapter.save(output)
     config = module.adapter.config
-    return f"exported M={config.num_tokens} lookahead module (lora: {config.target_modules}) to {output}"
+    return (
+        f"exported M={config.num_tokens} lookahead module (lora: {config.target_modules}) to {output}{beside}"
+    )
 
 
 def _exported(path: Path, suffix: str, marker: str, model: str | None, what: str) -> Path:

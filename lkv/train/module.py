@@ -23,6 +23,15 @@ frozen LLM is reloaded by :meth:`configure_model`. All of this is shared with th
 With :attr:`LookaheadKVModule.share_prefill` set (by :class:`lkv.sweep.ablation.LookaheadAblation`), the
 training and validation steps also return every sample's prefill as a :class:`~lkv.train.base.SharedPrefill`
 (``outputs["prefills"]``), so other lookahead modules can run their own steps on it without prefilling again.
+
+With ``probe`` set (:class:`~lkv.train.probe_head.ProbeSettings`), a per-token probe (KVzap-style, as
+:class:`~lkv.train.probe_module.ProbeModule` trains it alone) trains beside the lookahead module on the same
+prefill: the prefill also captures every layer's attention input (:class:`~lkv.core.attention.HiddenCapture`),
+the probe's loss on the same s_GT is logged as ``train/probe_loss`` and added to the backpropagated loss (the
+two share no parameter, so the lookahead module's gradients are those of a fit without the probe), the probe has
+its own AdamW parameter group (``probe.optim``: KVzap's lr 5e-3 beside the module's), and validation logs its
+``val/probe/kl``, ``val/probe/recall@C``, ``val/probe/kendall_tau`` beside the module's. Checkpoints hold both
+predictors' weights; ``lkv export`` writes the probe to ``<folder>/probe`` (:mod:`lkv.train.export`).
 """
 
 from __future__ import annotations
@@ -32,12 +41,19 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+from torchmetrics import MetricCollection
 
-from lkv.core.metrics import importance_loss
+from lkv.core.attention import HiddenCapture
+from lkv.core.metrics import importance_loss, ranking_metrics
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import Sample
+from lkv.train.optim import OptimSettings, ParamGroup, as_settings
+from lkv.train.probe_head import ProbeSettings, build_probe, probe_loss
+
+# the paper's AdamW: lr 1e-3, betas (0.9, 0.95), cosine
+LOOKAHEAD_OPTIM = OptimSettings()
 
 
 def draw_position_offset(max_offset: int, seed: int, epoch: int, batch_idx: int, index: int) -> int:
@@ -92,12 +108,7 @@ class LookaheadKVModule(ImportanceModule):
         lora_rank, lora_alpha, lora_dropout: LoRA settings (paper: 8, 32, 0).
         lora_targets: ``all-linear`` (q,k,v,o,gate,up,down), a list of module names, or ``none`` to train
             the embeddings alone.
-        lr: peak learning rate.
-        betas: Adam betas (paper: 0.9, 0.95).
-        weight_decay: decoupled weight decay (0 = plain Adam).
-        warmup_steps: optimiser steps of linear warm-up from 0.
-        scheduler: ``cosine`` (decay to ``min_lr_ratio · lr`` at the last step) or ``constant``.
-        min_lr_ratio: final learning rate of the cosine schedule, as a fraction of ``lr``.
+        optim: AdamW and its learning-rate schedule (:class:`~lkv.train.optim.OptimSettings`).
         eval_budgets: budgets C of the validation Recall@C.
         snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
         seed: seed of the embedding and LoRA initialisation (and of the position offsets and gaps).
@@ -115,6 +126,8 @@ class LookaheadKVModule(ImportanceModule):
         topc_loss_weight, topc_loss_budget: the weight of a top-``C`` term added to the KL
             (:func:`lkv.core.metrics.importance_loss`: ``−log`` of the predicted mass on the true top-``C``
             positions of each (layer, KV head)); 0 = the paper's KL alone.
+        probe: a per-token probe to train beside the module on the same prefill
+            (:class:`~lkv.train.probe_head.ProbeSettings`); ``None`` (default): the module alone.
     """
 
     prediction_name = "lookahead"
@@ -130,12 +143,7 @@ class LookaheadKVModule(ImportanceModule):
         lora_alpha: int = 32,
         lora_dropout: float = 0.0,
         lora_targets: list[str] | str = "all-linear",
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.95),
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        scheduler: Literal["cosine", "constant"] = "cosine",
-        min_lr_ratio: float = 0.1,
+        optim: OptimSettings = LOOKAHEAD_OPTIM,
         eval_budgets: tuple[int, ...] = (32, 64, 128),
         snapkv_window: int = 32,
         snapkv_kernel: int = 7,
@@ -144,8 +152,11 @@ class LookaheadKVModule(ImportanceModule):
         max_position_gap: int = 0,
         topc_loss_weight: float = 0.0,
         topc_loss_budget: int = 64,
+        probe: ProbeSettings | None = None,
     ) -> None:
-        super().__init__(eval_budgets)
+        super().__init__(eval_budgets, optim)
+        # as a dataclass here: the hyper-parameters keep what LightningCLI parsed (a dict)
+        self.probe_settings = None if probe is None else as_settings(probe, ProbeSettings, "model.probe")
         if topc_loss_weight < 0 or topc_loss_budget <= 0:
             raise ValueError(
                 f"model.topc_loss_weight must be ≥ 0 and model.topc_loss_budget positive, found "
@@ -158,6 +169,11 @@ class LookaheadKVModule(ImportanceModule):
             )
         self.save_hyperparameters()
         self.adapter: LookaheadAdapter | None = None
+        self.probe = None
+        if probe is not None:
+            budgets = list(eval_budgets)
+            self.val_probe = ranking_metrics(budgets, "val/probe/")
+            self.test_probe = ranking_metrics(budgets, "test/probe/")
 
     def configure_model(self) -> None:
         """Load the frozen LLM, check it against the label folders, and attach the lookahead module."""
@@ -167,6 +183,11 @@ class LookaheadKVModule(ImportanceModule):
         backbone = self.load_frozen_backbone(load_backbone)
         self.adapter = LookaheadAdapter.create(backbone, **adapter_settings(hp))
         self.adapter.config.base_model = self.signature.to_dict()
+        if self.probe_settings is not None:
+            settings = self.probe_settings
+            self.probe = build_probe(
+                self.adapter.base_model, self.signature, settings.hidden_dim, settings.target, settings.seed
+            )
 
     def importance(
         self, sample: Sample, snapkv: bool = False, position_offset: int = 0, gap: tuple[int, int] = (0, 0)
@@ -181,9 +202,12 @@ class LookaheadKVModule(ImportanceModule):
         Returns:
             ``pred`` and ``target`` ``(layers, kv_heads, S)``; ``cache``, the prompt's cache (cropped back);
             ``position_offset``, the gap ``g``; with ``snapkv``, also ``snapkv_window``, the normalised
-            attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``.
+            attention of the last ``snapkv_window`` prompt queries ``(layers, kv_heads, S)``; with a probe,
+            also ``probe_logits`` and ``probe_pred`` (their softmax over ``S``), ``(layers, kv_heads, S)``,
+            from the attention inputs of the same prefill.
         """
-        prompt, window = self.prefill_sample(self.adapter.model, sample, snapkv, gap=gap)
+        hidden = [HiddenCapture()] if self.probe is not None else []
+        prompt, window = self.prefill_sample(self.adapter.model, sample, snapkv, hidden, gap=gap)
         pred = self.adapter.predict(
             prompt.cache, prompt.prompt_len, position_offset + prompt.position_offset
         )[0]
@@ -195,6 +219,9 @@ class LookaheadKVModule(ImportanceModule):
         }
         if window is not None:
             out["snapkv_window"] = window
+        if hidden:
+            logits = self.probe(hidden[0].stacked(self.adapter.base_model.config.num_hidden_layers))[0]
+            out["probe_logits"], out["probe_pred"] = logits, torch.softmax(logits, dim=-1)
         return out
 
     def training_importance(self, sample: Sample, batch_idx: int, index: int) -> dict[str, torch.Tensor]:
@@ -210,9 +237,41 @@ class LookaheadKVModule(ImportanceModule):
         """One sample's training loss: :func:`training_loss` (the KL, plus the top-``C`` term when weighted)."""
         return training_loss(scores["target"], scores["pred"], self.hparams).mean()
 
+    def side_losses(self, sample: Sample, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """With a probe, ``probe_loss``: its loss on the same sample (:func:`lkv.train.probe_head.probe_loss`)."""
+        if self.probe is None:
+            return {}
+        loss = probe_loss(
+            self.probe_settings.target,
+            scores["probe_logits"],
+            scores["target"],
+            self.adapter.base_model,
+            self.tokenizer,
+            sample["prompt_ids"],
+            scores["cache"],
+        )
+        return {"probe_loss": loss}
+
+    def side_metrics(self, stage: str) -> dict[str, MetricCollection]:
+        """With a probe, its ``val/probe/...`` (or ``test/probe/...``) ranking metrics."""
+        return {} if self.probe is None else {"probe_pred": getattr(self, f"{stage}_probe")}
+
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """State-dict key → parameter of the lookahead embeddings and the LoRA weights."""
-        return {f"adapter.{name}": p for name, p in self.adapter.trainable_parameters().items()}
+        """State-dict key → parameter of the lookahead embeddings and the LoRA weights (and the probe's)."""
+        params = {f"adapter.{name}": p for name, p in self.adapter.trainable_parameters().items()}
+        if self.probe is not None:
+            params |= {f"probe.{name}": p for name, p in self.probe.named_parameters()}
+        return params
+
+    def param_groups(self) -> list[ParamGroup]:
+        """The module's weights with ``optim``; with a probe, its weights in a group of their own with
+        ``probe.optim`` (one AdamW: Lightning's automatic optimisation steps one optimiser)."""
+        module = list(self.adapter.trainable_parameters().values())
+        groups = [ParamGroup("module", module, self.optim)]
+        if self.probe is not None:
+            groups.append(ParamGroup("probe", list(self.probe.parameters()), self.probe_settings.optim))
+        return groups
 
     def describe(self) -> str:
-        return f"lookahead module ({self.hparams.model}, lora_targets={self.hparams.lora_targets})"
+        probe = "" if self.probe is None else f", probe hidden_dim={self.probe_settings.hidden_dim}"
+        return f"lookahead module ({self.hparams.model}, lora_targets={self.hparams.lora_targets}{probe})"

@@ -25,14 +25,14 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 from lkv.core.attention import HiddenCapture
-from lkv.core.reconstruction import kvzip_plus_scores, reconstruction_block
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.probe import TARGETS, ImportanceProbe
+from lkv.model.probe import ImportanceProbe
 from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import Sample
+from lkv.train.optim import OptimSettings
+from lkv.train.probe_head import PROBE_OPTIM, build_probe, check_probe_settings, probe_loss
 
 
 class ProbeModule(ImportanceModule):
@@ -44,8 +44,7 @@ class ProbeModule(ImportanceModule):
         attn_implementation: attention of the frozen LLM: ``sdpa`` or ``eager``.
         hidden_dim: the MLP's hidden width (KVzap: 512); 0 for a linear probe (KVzap's ``linear``).
         target: ``labels`` (KL to s_GT) or ``kvzip`` (MSE to the KVzip+ log-scores, KVzap's recipe).
-        lr, betas, weight_decay, warmup_steps, scheduler, min_lr_ratio: AdamW and its schedule, as for
-            LookaheadKV (KVzap: AdamW, lr 5e-3, cosine).
+        optim: AdamW and its schedule (:class:`~lkv.train.optim.OptimSettings`; KVzap: lr 5e-3, cosine).
         eval_budgets: budgets C of the validation Recall@C.
         snapkv_window, snapkv_kernel: SnapKV settings of the reference line (paper: 32, 7, max-pool).
         seed: seed of the probe's initial weights.
@@ -60,22 +59,14 @@ class ProbeModule(ImportanceModule):
         attn_implementation: str = "sdpa",
         hidden_dim: int = 512,
         target: Literal["labels", "kvzip"] = "labels",
-        lr: float = 5e-3,
-        betas: tuple[float, float] = (0.9, 0.95),
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        scheduler: Literal["cosine", "constant"] = "cosine",
-        min_lr_ratio: float = 0.1,
+        optim: OptimSettings = PROBE_OPTIM,
         eval_budgets: tuple[int, ...] = (32, 64, 128),
         snapkv_window: int = 32,
         snapkv_kernel: int = 7,
         seed: int = 0,
     ) -> None:
-        super().__init__(eval_budgets)
-        if target not in TARGETS:
-            raise ValueError(f"model.target: expected one of {', '.join(TARGETS)}, found {target!r}")
-        if hidden_dim < 0:
-            raise ValueError(f"model.hidden_dim: expected ≥ 0 (0: a linear probe), found {hidden_dim}")
+        super().__init__(eval_budgets, optim)
+        check_probe_settings(hidden_dim, target, "model.")
         self.save_hyperparameters()
         self.backbone = None
         self.probe: ImportanceProbe | None = None
@@ -86,9 +77,7 @@ class ProbeModule(ImportanceModule):
             return
         hp = self.hparams
         self.backbone = self.load_frozen_backbone(load_backbone)
-        device = next(self.backbone.parameters()).device
-        self.probe = ImportanceProbe.create(self.backbone, hp.hidden_dim, hp.target, hp.seed).to(device)
-        self.probe.config.base_model = self.signature.to_dict()
+        self.probe = build_probe(self.backbone, self.signature, hp.hidden_dim, hp.target, hp.seed)
 
     def train(self, mode: bool = True) -> ProbeModule:
         """Switch the probe's mode; the frozen LLM always stays in eval mode."""
@@ -118,17 +107,17 @@ class ProbeModule(ImportanceModule):
         return out
 
     def loss(self, sample: Sample, scores: dict[str, torch.Tensor]) -> torch.Tensor:
-        """KL to s_GT (``target: labels``), or the MSE of the logits to the KVzip+ log-scores (``kvzip``)."""
-        if self.hparams.target == "labels":
-            return super().loss(sample, scores)
-        ids = sample["prompt_ids"]
-        block = reconstruction_block(self.tokenizer, ids.tolist())
-        block_ids = torch.tensor([block], device=ids.device)
-        wanted = kvzip_plus_scores(
-            self.backbone, scores["cache"], ids.numel(), block_ids, repeated=ids.numel()
+        """KL to s_GT (``target: labels``), or the MSE of the logits to the KVzip+ log-scores (``kvzip``):
+        :func:`lkv.train.probe_head.probe_loss`."""
+        return probe_loss(
+            self.hparams.target,
+            scores["logits"],
+            scores["target"],
+            self.backbone,
+            self.tokenizer,
+            sample["prompt_ids"],
+            scores["cache"],
         )
-        seen = wanted.isfinite()
-        return F.mse_loss(scores["logits"][seen], wanted[seen])
 
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         """State-dict key → parameter of the probe's weights."""

@@ -145,7 +145,7 @@ def fit_settings(
         "model": {
             "model": str(root / "model"),
             "num_lookahead": 4,
-            "lr": 1e-2,
+            "optim": {"lr": 1e-2},
             "snapkv_window": 8,
             "snapkv_kernel": 3,
             "eval_budgets": [4, 8],

@@ -130,8 +130,8 @@ def adapter_as_probe(root: Path) -> list[str]:
 CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
     "config-typo": (lambda root, mp: fit(root, model={"lrr": 0.1}), [r"lrr"]),
     "config-wrong-type": (
-        lambda root, mp: fit(root, model={"lr": "fast"}),
-        [r"model\.lr|lr", r"fast", r"float"],
+        lambda root, mp: fit(root, model={"optim": {"lr": "fast"}}),
+        [r"model\.optim\.lr|lr", r"fast", r"float"],
     ),
     "label-option-typo": (lambda root, mp: [*label(root), "--respons_tokens=5"], [r"respons_tokens"]),
     "label-option-wrong-type": (
@@ -245,8 +245,11 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
         ],
     ),
     "resume-fit-with-other-settings": (
-        lambda root, mp: fit(root, run="run", ckpt_path="last", model={"lr": 0.5}),
-        [r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run", r"model\.lr: 0\.01 vs 0\.5"],
+        lambda root, mp: fit(root, run="run", ckpt_path="last", model={"optim": {"lr": 0.5}}),
+        [
+            r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run",
+            r"model\.optim: \{'lr': 0\.01, .* vs \{'lr': 0\.5, ",
+        ],
     ),
     # the training loader's position is kept per DataLoader worker (torchdata stops on the other layout)
     "resume-fit-with-other-workers": (

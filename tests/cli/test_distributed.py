@@ -125,7 +125,9 @@ def test_two_process_streamed_fit_with_uneven_rows_keeps_the_ranks_in_step(works
     run = tmp_path / "ddp"
     settings = fit_settings(workspace, run, max_steps=-1, accumulate=2, shuffle=True)
     settings["trainer"].update({"max_epochs": 2, "check_val_every_n_epoch": 1})
-    settings["model"]["scheduler"] = "constant"  # (a stream without a length could not size a cosine)
+    settings["model"]["optim"]["scheduler"] = (
+        "constant"  # (a stream without a length could not size a cosine)
+    )
     settings["trainer"]["callbacks"].append(
         {"class_path": "tests.cli.test_distributed.RecordValidation", "init_args": {"folder": str(run)}}
     )

@@ -45,7 +45,7 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
         "output": str(out),
         "summary_dir": str(summary),
         "eval_config": str(tmp_path / "eval.yaml"),
-        "overrides": {"model.lr": 0.01},
+        "overrides": {"model.optim.lr": 0.01},
         "grid": {"model.num_lookahead": [2, 4], "model.lora_targets": ["none", ["q_proj", "v_proj"]]},
         "score": "val/recall@4",
         "overhead_tokens": 16,
@@ -77,7 +77,7 @@ def test_grid_runs_every_point_then_a_rerun_skips_them(tiny_setup, tmp_path, mon
     point = out / "points" / "num_lookahead=4,lora_targets=q_proj+v_proj"
     ran = yaml.safe_load((point / "config.yaml").read_text())
     assert ran["model"]["num_lookahead"] == 4 and ran["model"]["lora_targets"] == ["q_proj", "v_proj"]
-    assert ran["model"]["lr"] == 0.01
+    assert ran["model"]["optim"]["lr"] == 0.01
     assert ran["trainer"]["callbacks"][0]["init_args"]["dirpath"] == str(point / "checkpoints")
     # every point has its own TensorBoard run, whose HParams session holds the point's grid values and
     # names its fit, eval and cost results, which the run holds as scalars

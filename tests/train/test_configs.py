@@ -160,4 +160,4 @@ def test_a_config_that_includes_the_probe_trains_the_probe(tmp_path):
     resolved = resolved_fit_config(config)
     assert resolved["model"]["class_path"] == "lkv.train.probe_module.ProbeModule"
     assert resolved["model"]["init_args"]["hidden_dim"] == 0
-    assert resolved["model"]["init_args"]["lr"] == 5e-3  # the included recipe's
+    assert resolved["model"]["init_args"]["optim"]["lr"] == 5e-3  # the included recipe's

@@ -3,6 +3,7 @@ independent forward, and `lkv fit` → `lkv export` → press / `lkv generate` t
 
 import json
 import re
+from dataclasses import asdict
 
 import lightning as L
 import pytest
@@ -24,11 +25,12 @@ from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE, ImportancePro
 from lkv.train.callbacks import ImportanceImages
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.export import load_checkpoint, resolve_probe
+from lkv.train.optim import OptimSettings
 from lkv.train.probe_module import ProbeModule
 from tests.cli.conftest import fit_settings, make_workspace
-from tests.conftest import build_tiny_model
+from tests.conftest import TINY_EVAL, build_tiny_model
 
-TINY_PROBE = {"hidden_dim": 8, "lr": 1e-2, "snapkv_window": 8, "snapkv_kernel": 3, "eval_budgets": (4, 8)}
+TINY_PROBE = {"hidden_dim": 8, "optim": OptimSettings(lr=1e-2), **TINY_EVAL}
 
 
 @pytest.fixture
@@ -158,7 +160,12 @@ def probe_config(root, run, max_steps: int) -> dict:
     settings = fit_settings(root, run, max_steps)
     settings["model"] = {
         "class_path": "lkv.train.probe_module.ProbeModule",
-        "init_args": {"model": str(root / "model"), **TINY_PROBE, "eval_budgets": [4, 8]},
+        "init_args": {
+            "model": str(root / "model"),
+            **TINY_PROBE,
+            "optim": asdict(TINY_PROBE["optim"]),
+            "eval_budgets": [4, 8],
+        },
     }
     settings["data"]["val"] = str(root / "train")
     return settings
