@@ -98,18 +98,30 @@ def _tensorboard(trainer: L.Trainer | None) -> TensorBoardLogger | None:
 # hyper-parameter → (its least value, whether that value itself is allowed, what it is): checked as the config
 # enters, before any class is built or model loaded (a zero learning rate would train nothing, silently)
 HPARAM_FLOORS: dict[str, tuple[float, bool, str]] = {
-    "lr": (0.0, False, "a learning rate"),
     "num_lookahead": (1, True, "lookahead tokens"),
-    "warmup_steps": (0, True, "steps"),
-    "weight_decay": (0.0, True, "a weight decay"),
-    "min_lr_ratio": (0.0, True, "a ratio of the learning rate"),
+    "optim.lr": (0.0, False, "a learning rate"),
+    "optim.warmup_steps": (0, True, "steps"),
+    "optim.weight_decay": (0.0, True, "a weight decay"),
+    "optim.min_lr_ratio": (0.0, True, "a ratio of the learning rate"),
 }
+# sections of `model:` that hold settings of their own (the probe trained beside a lookahead module)
+NESTED_SECTIONS = ("", "probe.")
+
+
+def _setting(section: Mapping[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` (``optim.lr``) inside ``section``, or None where any part is missing."""
+    value: Any = section
+    for part in dotted.split("."):
+        if not hasattr(value, "get"):  # a dict, or jsonargparse's Namespace
+            return None
+        value = value.get(part)
+    return value
 
 
 def check_hparams(model: Mapping[str, Any]) -> None:
     """Refuse a ``model:`` section (its ``init_args`` when it names a class) with a value below its floor
-    in :data:`HPARAM_FLOORS`, naming the key as the config writes it (``model.lr``, or
-    ``model.init_args.lr``).
+    in :data:`HPARAM_FLOORS`, in the section itself or in the probe trained beside it, naming the key as the
+    config writes it (``model.optim.lr``, ``model.probe.optim.lr`` or ``model.init_args.optim.lr``).
 
     Raises:
         ValueError: one line: the key, what it must be and the value found.
@@ -117,13 +129,14 @@ def check_hparams(model: Mapping[str, Any]) -> None:
     prefix = "model."
     if model.get("init_args") is not None:
         model, prefix = model["init_args"], "model.init_args."
-    for key, (floor, inclusive, what) in HPARAM_FLOORS.items():
-        value = model.get(key)
-        if value is None or isinstance(value, bool):
-            continue
-        if value < floor or (value == floor and not inclusive):
-            bound = f"≥ {floor}" if inclusive else f"> {floor}"
-            raise ValueError(f"{prefix}{key}: expected {what} {bound}, found {value}")
+    for section in NESTED_SECTIONS:
+        for key, (floor, inclusive, what) in HPARAM_FLOORS.items():
+            value = _setting(model, section + key)
+            if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if value < floor or (value == floor and not inclusive):
+                bound = f"≥ {floor}" if inclusive else f"> {floor}"
+                raise ValueError(f"{prefix}{section}{key}: expected {what} {bound}, found {value}")
 
 
 class LookaheadCLI(LightningCLI):
@@ -142,14 +155,19 @@ class LookaheadCLI(LightningCLI):
         """Run ``subcommand``; if it fails before its first optimizer step, remove the TensorBoard version
         folder it created (the saved config, empty event files): a failed start leaves no run to look at."""
         logger = self.trainer.logger
-        created = None
-        if isinstance(logger, TensorBoardLogger) and not Path(logger.log_dir).exists():
-            created = Path(logger.log_dir)
+        # the folders there before: reading `logger.log_dir` now would fix the version before `before_fit` can
+        # point a resumed fit at its own run's folder
+        existing = None
+        if isinstance(logger, TensorBoardLogger):
+            root = Path(logger.root_dir)
+            existing = set(root.iterdir()) if root.is_dir() else set()
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            if created is not None and created.is_dir() and self.trainer.global_step == 0:
-                shutil.rmtree(created)
+            if existing is not None and self.trainer.global_step == 0:
+                created = Path(logger.log_dir)
+                if created.is_dir() and created not in existing:
+                    shutil.rmtree(created)
             raise
 
     def before_fit(self) -> None:

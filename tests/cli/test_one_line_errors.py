@@ -138,8 +138,8 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         [r"--config \S+changed\.yaml: ", r"does not accept option 'model\.num_lookahed'", r"lkv fit --help"],
     ),
     "fit-wrong-type": (
-        lambda root: fit_with(root, lr="fast"),
-        [r"--config \S+changed\.yaml: ", r'"model\.lr"', r"float", r"fast"],
+        lambda root: fit_with(root, optim={"lr": "fast"}),
+        [r"--config \S+changed\.yaml: ", r'"model\.optim\.lr"', r"float", r"fast"],
     ),
     "fit-malformed-yaml": (
         lambda root: ["fit", "--config", str(write(root, "bad.yaml", MALFORMED))],
@@ -150,20 +150,24 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         [r"model\.num_lookahead: expected lookahead tokens ≥ 1, found 0$"],
     ),
     "fit-negative-lr": (
-        lambda root: fit_with(root, lr=-1),
-        [r"model\.lr: expected a learning rate > 0\.0, found -1\.0$"],
+        lambda root: fit_with(root, optim={"lr": -1}),
+        [r"model\.optim\.lr: expected a learning rate > 0\.0, found -1\.0$"],
     ),
     "fit-zero-lr": (
-        lambda root: fit_with(root, lr=0.0),
-        [r"model\.lr: expected a learning rate > 0\.0, found 0\.0$"],
+        lambda root: fit_with(root, optim={"lr": 0.0}),
+        [r"model\.optim\.lr: expected a learning rate > 0\.0, found 0\.0$"],
     ),
     "sweep-unknown-grid-key": (
         lambda root: sweep_with_grid(root, {"model.num_lookahed": [2, 4]}),
         [r"--grid: point num_lookahed=2: Group 'model' does not accept option 'num_lookahed'"],
     ),
+    "fit-zero-probe-lr": (
+        lambda root: fit_with(root, probe={"optim": {"lr": 0.0}}),
+        [r"model\.probe\.optim\.lr: expected a learning rate > 0\.0, found 0\.0$"],
+    ),
     "sweep-zero-lr-in-grid": (
-        lambda root: sweep_with_grid(root, {"model.lr": [0.01, 0.0]}),
-        [r"--grid: point \S+: model\.lr: expected a learning rate > 0\.0, found 0\.0"],
+        lambda root: sweep_with_grid(root, {"model.optim.lr": [0.01, 0.0]}),
+        [r"--grid: point \S+: model\.optim\.lr: expected a learning rate > 0\.0, found 0\.0"],
     ),
     "label-malformed-yaml": (
         lambda root: ["label", "--config", str(write(root, "label.yaml", MALFORMED))],
