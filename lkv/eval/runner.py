@@ -46,7 +46,7 @@ from lkv.core.generation import Sampling, crop_to, decode, prefill
 from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
-from lkv.eval.results import FULL, NO_BUDGET, RESULTS_FILE, ResultsFile, budget_key
+from lkv.eval.results import FULL, NO_BUDGET, RESULTS_FILE, ResultRow, ResultsFile, budget_key
 from lkv.eval.tasks import Benchmark, ImportanceTask, Sample, Task, encode_sample
 from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
@@ -333,7 +333,9 @@ class Evaluator:
                 unit.shared = self._prefill(unit)
                 self._other_methods(task, unit, batches)
         for unit, gen in self._full_answers(fresh):
-            unit.full = self._row(task, unit.sample, unit.setting, REFERENCE, None, gen, gen.text, 0.0)
+            unit.full = self._row(
+                task, unit.sample, unit.setting, REFERENCE, None, gen, gen.text, 0.0
+            ).as_json()
             if REFERENCE in self.methods:
                 self.results.add(unit.full)
             self._other_methods(task, unit, batches)
@@ -423,12 +425,12 @@ class Evaluator:
         budget: Budget | None,
         score_s: float | None = None,
         add: bool = False,
-    ) -> Callable[[Generation], dict[str, Any]]:
+    ) -> Callable[[Generation], ResultRow]:
         """The result row of ``method``'s answer (``add``: also append it to the results file)."""
         reference = unit.full["prediction"]
         seconds = unit.scored[method].score_s if score_s is None else score_s
 
-        def row(gen: Generation) -> dict[str, Any]:
+        def row(gen: Generation) -> ResultRow:
             made = self._row(task, unit.sample, unit.setting, method, budget, gen, reference, seconds)
             if add:
                 self.results.add(made)
@@ -495,30 +497,30 @@ class Evaluator:
         gen: Generation,
         reference: str,
         score_s: float,
-    ) -> dict[str, Any]:
+    ) -> ResultRow:
         metrics = task.score(gen.text, sample, reference if task.needs_reference else None)
         if roles_of(method).role != "reference":
             metrics["fullkv_f1"] = answer_agreement(gen.text, reference)  # agreement with FullKV, every task
-        return {
-            "task": task.name,
-            "sample": sample.id,
-            "method": method,
-            "budget": budget_key(budget),
-            "setting": setting,
-            "score": metrics[task.metric],
-            "metrics": metrics,
-            "prediction": gen.text,
-            "answers": sample.answers,
-            "answer_ids": gen.token_ids,
-            "finish": gen.finish_reason,
-            "prompt_tokens": gen.prompt_tokens,
-            "kept_tokens": sum(gen.kept_per_layer) / len(gen.kept_per_layer),
-            "kv_fraction": gen.kv_bytes_kept / gen.kv_bytes_full,
-            "prefill_s": gen.prefill_s,
-            "score_s": score_s,
-            "decode_s": gen.question_s + gen.decode_s,
-            "meta": {k: v for k, v in sample.meta.items() if k != "all_classes"},
-        }
+        return ResultRow(
+            task=task.name,
+            sample=sample.id,
+            method=method,
+            budget=budget_key(budget),
+            setting=setting,
+            score=metrics[task.metric],
+            metrics=metrics,
+            prediction=gen.text,
+            answers=sample.answers,
+            answer_ids=gen.token_ids,
+            finish=gen.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+            kept_tokens=sum(gen.kept_per_layer) / len(gen.kept_per_layer),
+            kv_fraction=gen.kv_bytes_kept / gen.kv_bytes_full,
+            prefill_s=gen.prefill_s,
+            score_s=score_s,
+            decode_s=gen.question_s + gen.decode_s,
+            meta={k: v for k, v in sample.meta.items() if k != "all_classes"},
+        )
 
     # --- importance quality -------------------------------------------------------------------------------
 
@@ -545,19 +547,19 @@ class Evaluator:
                 scores, seconds = self._press_scores(method, shared)
                 metrics = task.score(with_protected(scores[0], presses[method]), target)
                 self.results.add(
-                    {
-                        "task": task.name,
-                        "sample": label.id,
-                        "method": method,
-                        "budget": NO_BUDGET,
-                        "setting": "aware",
-                        "score": metrics[task.metric],
-                        "metrics": metrics,
-                        "prompt_tokens": len(label.prompt_ids),
-                        "prefill_s": shared.seconds,
-                        "score_s": seconds,
-                        "meta": {},
-                    }
+                    ResultRow(
+                        task=task.name,
+                        sample=label.id,
+                        method=method,
+                        budget=NO_BUDGET,
+                        setting="aware",
+                        score=metrics[task.metric],
+                        metrics=metrics,
+                        prompt_tokens=len(label.prompt_ids),
+                        prefill_s=shared.seconds,
+                        score_s=seconds,
+                        meta={},
+                    )
                 )
 
     # --- needle-token retention (prefill only) -----------------------------------------------------------
@@ -605,20 +607,20 @@ class Evaluator:
                 share = kept_share(self.compressors[method].select(scores[method][0], ids, budget), positions)
                 metrics = share_metrics(share)
                 self.results.add(
-                    {
-                        "task": task.name,
-                        "sample": sample.id,
-                        "method": method,
-                        "budget": budget_key(budget),
-                        "setting": "aware",
-                        "score": metrics[task.metric],
-                        "metrics": metrics,
-                        "per_head": [round(v, 4) for v in share.flatten().tolist()],
-                        "prompt_tokens": shared.prompt_len,
-                        "value_tokens": len(positions),
-                        "fullkv_score": fullkv,
-                        "prefill_s": shared.seconds,
-                        "score_s": scores[method][1],
-                        "meta": sample.meta,
-                    }
+                    ResultRow(
+                        task=task.name,
+                        sample=sample.id,
+                        method=method,
+                        budget=budget_key(budget),
+                        setting="aware",
+                        score=metrics[task.metric],
+                        metrics=metrics,
+                        per_head=[round(v, 4) for v in share.flatten().tolist()],
+                        prompt_tokens=shared.prompt_len,
+                        value_tokens=len(positions),
+                        fullkv_score=fullkv,
+                        prefill_s=shared.seconds,
+                        score_s=scores[method][1],
+                        meta=sample.meta,
+                    )
                 )
