@@ -21,7 +21,8 @@ from lkv.eval.results import (
     fingerprint,
     unrecorded_keys,
 )
-from lkv.eval.runner import SETTINGS, Evaluator, Setting
+from lkv.eval.runner import Evaluator
+from lkv.eval.setup import SETTINGS, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
