@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from lkv.commands.label_settings import LabelSettings
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
-from lkv.labels.prompts import Prompt, PromptSource
+from lkv.labels.prompts import PromptSource
 from lkv.model.assets import DEFAULT_MODEL
-
-if TYPE_CHECKING:  # imported once the options are parsed (torch, Lightning)
-    from lkv.labels.predict import LabelingModule
-    from lkv.labels.responses import ResponsesFile
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
 # are imported); any other subclass is named by its import path, e.g. `--prompts my_package.MyPrompts`.
@@ -95,6 +91,7 @@ def label(
             labels generated here only; recorded in ``meta.json``.
     """
     run = LabelSettings(**locals())  # every option, checked before anything heavy is imported
+    from lkv.commands.label_predict import predict
     from lkv.core.chat import template_kwargs
     from lkv.core.progress import counted
     from lkv.labels.lock import label_folder_lock
@@ -132,100 +129,11 @@ def label(
             f"lkv label: {counted(len(run.all_prompts), 'prompt')}, {len(done)} already labelled, {len(todo)} to go → {folder}"
         )
         if todo:
-            _predict(run, todo, folder, score_dtype, engine)
+            predict(run, todo, folder, score_dtype, engine)
         return (
             f"{counted(len(finished_ids(folder)), 'labelled prompt')} in "
             f"{counted(len(shard_files(folder)), 'shard')} at {folder}"
         )
-
-
-def _predict(
-    run: LabelSettings, todo: list[Prompt], folder: Path, score_dtype: str, engine: ResponsesFile | None
-) -> None:
-    """Label the prompts ``todo`` into ``folder`` through a Lightning predict loop (``run``'s devices and
-    strategy; each rank writes its own shards), then print what was skipped, corrected and padded."""
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    from lkv.labels.batched import length_batches
-    from lkv.labels.predict import LabelingModule, ShardPredictionWriter
-    from lkv.train.progress import bar_on_terminal_only
-
-    module = LabelingModule(
-        run.model,
-        run.dtype,
-        run.attn_implementation,
-        run.response_tokens,
-        run.max_prompt_tokens,
-        run.truncation,
-        run.store_scores,
-        engine,
-        run.label_mode,
-        run.enable_thinking,
-        run.gold_answers,
-    )
-    writer = ShardPredictionWriter(folder, run.prompts.describe(), score_dtype, run.shard_size)
-    trainer = L.Trainer(
-        accelerator=run.accelerator,
-        devices=run.devices,
-        num_nodes=run.num_nodes,
-        strategy=run.strategy,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=run.progress,
-        callbacks=[writer],
-        inference_mode=True,
-    )
-    bar_on_terminal_only(trainer)
-    batch_size = run.batch_size
-    batches = [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
-    loader = DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_single)
-    trainer.predict(module, loader, return_predictions=False)
-    # Every rank's last shard is flushed before any rank counts the folder.
-    trainer.strategy.barrier("lkv-label-flushed")
-    _report_predict(run, module, writer.skipped, trainer.global_rank if trainer.world_size > 1 else None)
-
-
-def _report_predict(run: LabelSettings, module: LabelingModule, skipped: int, rank: int | None) -> None:
-    """Print the prompts ``skipped``, the answers ``--gold_answers`` corrected, and the padding of batched
-    prompt caches (``rank``: this process's, in a multi-process run)."""
-    from lkv.core.progress import counted
-
-    if skipped:
-        reason = "too long or without a known question" if run.label_mode == "agnostic" else "too long"
-        print(
-            f"lkv label: skipped {counted(skipped, 'prompt')} ({reason}; max_prompt_tokens={run.max_prompt_tokens})"
-        )
-    if run.gold_answers:
-        print(
-            f"lkv label: {module.corrected + module.unshown} of {module.answers} generated answers missed "
-            f"the prompt's answer; the reference response was teacher-forced in place of {module.corrected} "
-            "(--gold_answers)"
-            + (
-                f"; {module.unshown} keep theirs, their answer not in the prompt as rendered (truncation, "
-                f"max_prompt_tokens={run.max_prompt_tokens})"
-                if module.unshown
-                else ""
-            )
-        )
-    if run.batch_size > 1 and module.cache_tokens:
-        where = f" (rank {rank})" if rank is not None else ""
-        print(
-            f"lkv label{where}: batches of {run.batch_size}, padding {1 - module.prompt_tokens / module.cache_tokens:.1%} "
-            f"of the stacked prompt caches ({module.cache_tokens - module.prompt_tokens} of "
-            f"{module.cache_tokens} token columns)"
-        )
-
-
-def _single(items: list[list[Prompt]]) -> list[Prompt]:
-    """Collate of a loader whose every item is already a batch of prompts."""
-    (batch,) = items
-    return batch
-
-
-def _prompt_chars(prompt: Prompt) -> int:
-    """Length of a prompt's text: the sort key of length-bucketed batches (no tokenizer needed)."""
-    return sum(len(m["content"]) for m in prompt.messages)
 
 
 def _check_resumable(output: Path, **settings: Any) -> None:
