@@ -55,9 +55,8 @@ class EndTaskRun:
         # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
         units.sort(key=lambda unit: -unit.entries)
         if self.setup.max_batch_tokens is None and self.setup.token_cap is None:
-            self.setup.token_cap = device_batch_tokens(
-                self.setup.model
-            )  # once, with the model loaded and no cache held
+            # once, with the model loaded and no cache held
+            self.setup.token_cap = device_batch_tokens(self.setup.model)
         bar = Progress(f"lkv eval: {task.name}", len(units), "prompts", self.setup.progress)
         for chunk in self._chunks(units):
             self._run_chunk(task, chunk)
