@@ -213,12 +213,10 @@ def demo(
     import torch
 
     from lkv.commands.eval import evaluate
-    from lkv.commands.export import export
     from lkv.commands.label import label
     from lkv.eval.report import write_report
-    from lkv.eval.results import RESULTS_FILE, RUN_FILE, ResultsFile
+    from lkv.eval.results import RESULTS_FILE, ResultsFile
     from lkv.model import assets
-    from lkv.train.cli import lightning_main
 
     out, label_root = Path(output), Path(labels)
     adapter = out / "adapter"
@@ -241,24 +239,7 @@ def demo(
             ),
         )
     if refit or not adapter.is_dir():
-        config = fit_config(train_config, label_root, out, max_epochs)
-        out.mkdir(parents=True, exist_ok=True)
-        config_path = out / "fit.yaml"
-        text = yaml.safe_dump(config, sort_keys=False)
-        # The last checkpoint, not the best by validation recall: the validation labels are also the
-        # importance benchmark's, and choosing on them would flatter LookaheadKV there.
-        last = out / "fit" / "checkpoints" / "last.ckpt"
-        # A fit of this very recipe that stopped before its adapter was exported continues from its last
-        # checkpoint; --refit or a changed recipe starts over.
-        resume = not refit and last.is_file() and config_path.is_file() and config_path.read_text() == text
-        if not resume:
-            shutil.rmtree(out / "fit" / "checkpoints", ignore_errors=True)
-            config_path.write_text(text)
-        command = ["fit", "--config", str(config_path), *(["--ckpt_path", str(last)] if resume else [])]
-        clock.run(f"fit ({config_path}{', resumed' if resume else ''})", lambda: lightning_main(command))
-        clock.run("export adapter", lambda: export(str(last), str(adapter)))
-        for stale in (RESULTS_FILE, RUN_FILE, TRACE_FILE):  # results of an earlier adapter
-            (out / stale).unlink(missing_ok=True)
+        fit_adapter(fit_config(train_config, label_root, out, max_epochs), out, refit, clock)
     else:
         print(f"lkv demo: reusing the adapter in {adapter} (pass --refit true to train again)")
     title = "LookaheadKV on SmolLM2-135M-Instruct (lkv demo)"
@@ -281,3 +262,28 @@ def demo(
     report = write_report(rows, out, title=title, methods=arguments["methods"], notes=notes, appendix=trace)
     print("\n".join(["", *clock.table(), ""]))
     return f"lkv demo: report at {report}"
+
+
+def fit_adapter(config: dict[str, Any], out: Path, refit: bool, clock: StageClock) -> None:
+    """Fit the lookahead module of ``config`` into ``out``/fit and export it to ``out``/adapter; the results of
+    an earlier adapter in ``out`` go. A fit of this very recipe that stopped before its adapter was exported
+    continues from its last checkpoint; ``refit`` or a changed recipe starts over."""
+    from lkv.commands.export import export
+    from lkv.eval.results import RESULTS_FILE, RUN_FILE
+    from lkv.train.cli import lightning_main
+
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / "fit.yaml"
+    text = yaml.safe_dump(config, sort_keys=False)
+    # The last checkpoint, not the best by validation recall: the validation labels are also the
+    # importance benchmark's, and choosing on them would flatter LookaheadKV there.
+    last = out / "fit" / "checkpoints" / "last.ckpt"
+    resume = not refit and last.is_file() and config_path.is_file() and config_path.read_text() == text
+    if not resume:
+        shutil.rmtree(out / "fit" / "checkpoints", ignore_errors=True)
+        config_path.write_text(text)
+    command = ["fit", "--config", str(config_path), *(["--ckpt_path", str(last)] if resume else [])]
+    clock.run(f"fit ({config_path}{', resumed' if resume else ''})", lambda: lightning_main(command))
+    clock.run("export adapter", lambda: export(str(last), str(out / "adapter")))
+    for stale in (RESULTS_FILE, RUN_FILE, TRACE_FILE):  # results of an earlier adapter
+        (out / stale).unlink(missing_ok=True)

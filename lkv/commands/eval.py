@@ -6,46 +6,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from lkv.commands.eval_settings import LOOKAHEAD_PREFIX, TEMPLATE_KEY, EvalSettings
 from lkv.commands.signals import exit_on_sigterm
-from lkv.core.budget import Budget
-from lkv.core.chat import template_kwargs, template_reads_variables
+from lkv.core.chat import template_reads_variables
 from lkv.core.context import Truncate
 from lkv.eval.report import REPORT_FILE, write_report
-from lkv.eval.results import (
-    RESULTS_FILE,
-    ResultsFile,
-    adapter_method,
-    check_run,
-    fingerprint,
-    unrecorded_keys,
-)
-from lkv.eval.runner import SETTINGS, Evaluator, Setting
+from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_keys
+from lkv.eval.runner import Evaluator
+from lkv.eval.setup import SETTINGS, Setting
 from lkv.eval.tasks import Benchmark
 from lkv.eviction.presses import OraclePress, Press, ProbePress
-from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
-from lkv.eviction.presses.lookaheadkv import folder_defaults, load_module, lookahead_press
-from lkv.eviction.registry import (
-    ADAPTER_METHOD,
-    DEFAULT_METHODS,
-    METHODS,
-    PROBE_METHOD,
-    MethodName,
-    check_press_args,
-    make_method,
-    roles_of,
-)
+from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
+from lkv.eviction.registry import ADAPTER_METHOD, DEFAULT_METHODS, MethodName, roles_of
 from lkv.eviction.selector import HeadBudget, Selection
 from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.export import resolve_adapter, resolve_probe
-
-# run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
-TEMPLATE_KEY = "chat_template_kwargs"
-
-# the method name of a module given in `--adapters` (`lookaheadkv:<name>`)
-LOOKAHEAD_PREFIX = f"{ADAPTER_METHOD}:"
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
 PARTIAL_MARK = "**Partial report**"
@@ -129,90 +107,14 @@ def evaluate(
             ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves). Recorded
             in ``run.json``: a rerun into the folder must cut its prompts alike.
     """
-    for name, value in (("batch_size", batch_size), ("max_batch_tokens", max_batch_tokens)):
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name}: expected a positive number, found {value}")
-    # a bad budget ends the run here, before any model loads (it would otherwise surface after the prefills)
-    if not budgets:
-        raise ValueError("--budgets: give at least one budget (tokens per KV head, or a ratio in (0, 1])")
-    try:
-        checked = [Budget.of(budget) for budget in budgets]
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"--budgets: {error}") from None
-    methods = list(dict.fromkeys(m.lower() for m in methods))
-    if (ADAPTER_METHOD in methods) != (adapter is not None):
-        raise ValueError(f"--adapter is required by the {ADAPTER_METHOD} method and used by no other method")
-    decode_time = [m for m in methods if m in METHODS and METHODS[m].acts == "decode"]
-    if head_budget != "equal" and decode_time:
-        raise ValueError(
-            f"--head_budget {head_budget} spreads a prefill-time method's budget over the heads; the decode-time "
-            f"methods {decode_time} keep equal budgets while decoding: leave them out of --methods"
-        )
-    adapters = dict(adapters or {})
-    if adapters and adapter is None:
-        raise ValueError("--adapters adds lookahead modules beside --adapter's; give --adapter too")
-    bad_names = [n for n in adapters if not n or not all(c.isalnum() or c in "_-." for c in n)]
-    if bad_names:
-        raise ValueError(
-            f"--adapters: names must be non-empty letters, digits, '_', '-' or '.', got {bad_names}"
-        )
-    methods += [f"{LOOKAHEAD_PREFIX}{name}" for name in adapters]
-    press_args = dict(press_args or {})
-    # the reference keeps everything, the upper bound is scored from its answer, a probe's settings are its own
-    takes_settings = {m for m in methods if roles_of(m).role == "method" and roles_of(m).requires != "probe"}
-    unused = sorted(set(press_args) - takes_settings)
-    if unused:
-        raise ValueError(
-            f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-            "FullKV answer) and probe (settings come from its folder) take settings"
-        )
-    for method, own in press_args.items():
-        check_press_args(method, own)
-    # each lookahead module's settings and probe, from press_args and its folder, checked before any model loads
-    folders = {ADAPTER_METHOD: adapter, **{f"{LOOKAHEAD_PREFIX}{n}": f for n, f in adapters.items()}}
-    module_settings: dict[str, LookaheadKVSettings] = {}
-    module_probes: dict[str, str | Path | None] = {}
-    for method in (m for m in methods if adapter_method(m)):
-        defaults = folder_defaults(folders[method])
-        try:
-            module_settings[method] = defaults.settings(press_args.get(method))
-        except ValueError as error:
-            raise ValueError(f"press_args for {method}: {error}") from None
-        module_probes[method] = defaults.probe_for(
-            module_settings[method], probe, f"{method} ({folders[method]})"
-        )
-        # run.json records every module's settings, the default's too: rows scored with others are not resumed
-        press_args[method] = module_settings[method].record()
-    fused = [m for m, s in module_settings.items() if s.needs_probe]
-    if (PROBE_METHOD in methods) != (probe is not None) and not (fused and PROBE_METHOD not in methods):
-        raise ValueError(
-            f"--probe is required by the {PROBE_METHOD} method, used by lookahead modules whose settings fuse a "
-            "probe (probe_weight > 0; default: their folder's probe/), and by nothing else"
-        )
-    # FullKV's and the training-free presses need no model: built before run.json records their settings, so a
-    # bad one (a negative SnapKV window) is refused with the folder untouched and the corrected command runs in it
-    presses: dict[str, Press] = {}
-    for method in methods:
-        if not roles_of(method).requires and roles_of(method).role != "upper bound":
-            try:
-                presses[method] = make_method(method, **press_args.get(method, {}))
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"press_args for {method}: {error}") from None
+    run = EvalSettings(**{k: v for k, v in locals().items() if k != "tasks"})  # every option but the tasks
     out = Path(output)
-    run_info = {
-        "model": model,
-        "adapter": None if adapter is None else fingerprint(adapter),
-        **({"adapters": {n: fingerprint(f) for n, f in adapters.items()}} if adapters else {}),
-        "probe": None if probe is None else fingerprint(probe),
-        "press_args": press_args,
-        "dtype": dtype,
-        TEMPLATE_KEY: template_kwargs(enable_thinking),
-        "head_budget": head_budget,
-        "truncate": truncate,
-    }
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])
-    check_run(out, {k: v for k, v in run_info.items() if k not in legacy})
+    presses = (
+        run.training_free_presses()
+    )  # before run.json is written: a bad setting leaves the folder as it was
+    check_run(out, {k: v for k, v in run.run_info().items() if k not in legacy})
     if adapter is not None:
         net, tokenizer, module = load_module(
             resolve_adapter(adapter, model), model, dtype, attn_implementation, device
@@ -221,46 +123,16 @@ def evaluate(
         net, tokenizer = load_backbone(
             model, dtype=dtype, attn_implementation=attn_implementation, device=device
         )
+        module = None
     if legacy:
         check_legacy_template(out, tokenizer, model)
-        check_run(out, run_info, unrecorded=legacy)
-    probes: dict[Path, ProbePress] = {}  # one press per probe folder, shared by the methods that fuse it
-
-    def probe_press(path: str | Path | None) -> ProbePress | None:
-        if path is None:
-            return None
-        folder = resolve_probe(path, model)
-        if folder not in probes:
-            probes[folder] = ProbePress.from_folder(folder, net)
-        return probes[folder]
-
-    for method in methods:
-        if method in presses:
-            continue
-        roles = roles_of(method)
-        if roles.requires == "adapter":
-            if method != ADAPTER_METHOD:  # LoRAs beside the first module's, on the same model
-                name = method.removeprefix(LOOKAHEAD_PREFIX)
-                module_of = LookaheadAdapter.load(
-                    resolve_adapter(folders[method], model),
-                    module.model,
-                    adapter_name=f"lookahead_{name}".replace(".", "_"),
-                )
-            else:
-                module_of = module
-            presses[method] = lookahead_press(
-                module_of, probe_press(module_probes[method]), module_settings[method], tokenizer
-            )
-        elif roles.requires == "probe":
-            presses[method] = probe_press(probe)
-        else:  # the upper bound (the only method left unbuilt)
-            presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
-    start = time.perf_counter()
+        check_run(out, run.run_info(), unrecorded=legacy)
+    presses |= model_presses(run, net, tokenizer, module)
     evaluator = Evaluator(
         net,
         tokenizer,
         presses,
-        checked,
+        run.checked_budgets,
         settings,
         out,
         progress,
@@ -271,7 +143,57 @@ def evaluate(
         Selection(head_budget=head_budget),
         truncate=truncate,
     )
-    title = title or out.name
+    return run_and_report(evaluator, tasks, out, title or out.name, run.methods_run)
+
+
+def model_presses(
+    run: EvalSettings,
+    net: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    module: LookaheadAdapter | None,
+) -> dict[str, Press]:
+    """The presses of ``run``'s methods that need the loaded model: each lookahead module (``module``, the one
+    ``--adapter`` names, and the LoRAs of ``--adapters`` loaded beside it on the same model), the probe (one
+    press per probe folder, shared by the methods that fuse it) and the Oracle."""
+    probes: dict[Path, ProbePress] = {}
+
+    def probe_press(path: str | Path | None) -> ProbePress | None:
+        if path is None:
+            return None
+        folder = resolve_probe(path, run.model)
+        if folder not in probes:
+            probes[folder] = ProbePress.from_folder(folder, net)
+        return probes[folder]
+
+    presses: dict[str, Press] = {}
+    for method in run.methods_run:
+        roles = roles_of(method)
+        if roles.requires == "adapter":
+            if method != ADAPTER_METHOD:  # LoRAs beside the first module's, on the same model
+                name = method.removeprefix(LOOKAHEAD_PREFIX)
+                module_of = LookaheadAdapter.load(
+                    resolve_adapter(run.folders[method], run.model),
+                    module.model,
+                    adapter_name=f"lookahead_{name}".replace(".", "_"),
+                )
+            else:
+                module_of = module
+            presses[method] = lookahead_press(
+                module_of, probe_press(run.module_probes[method]), run.module_settings[method], tokenizer
+            )
+        elif roles.requires == "probe":
+            presses[method] = probe_press(run.probe)
+        elif roles.role == "upper bound":
+            presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
+    return presses
+
+
+def run_and_report(
+    evaluator: Evaluator, tasks: list[Benchmark], out: Path, title: str, methods: list[str]
+) -> str:
+    """Run ``tasks`` and write the report of ``out``'s rows; an interrupted run (Ctrl-C, SIGTERM) gets a partial
+    report of its rows so far. Returns the verb's closing line."""
+    start = time.perf_counter()
     # the rows the folder held before this run, as the evaluator read them (no second parse of the file)
     known = len(evaluator.results.rows)
     try:

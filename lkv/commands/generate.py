@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from lkv.core.budget import Budget
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from lkv.commands.generate_settings import GenerateSettings
 from lkv.core.chat import encode_context, encode_question
 from lkv.core.context import Truncate, fit_context, model_context
-from lkv.core.files import read_text
 from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import ProbePress
+from lkv.eviction.presses import Press, ProbePress
 from lkv.eviction.presses.fused import FusionRule
 from lkv.eviction.presses.lookahead_settings import PresetName
-from lkv.eviction.presses.lookaheadkv import folder_defaults, load_lookahead
-from lkv.eviction.registry import (
-    ADAPTER_METHOD,
-    PROBE_METHOD,
-    MethodName,
-    check_press_args,
-    make_method,
-    roles_of,
-)
-from lkv.eviction.selector import HeadBudget, Selection
+from lkv.eviction.presses.lookaheadkv import load_lookahead
+from lkv.eviction.registry import MethodName, make_method
+from lkv.eviction.selector import HeadBudget
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
 from lkv.train.export import resolve_adapter, resolve_probe
@@ -125,96 +118,22 @@ def generate(
             after it: ``error`` (refused, with both lengths), ``left`` (keep its last tokens) or ``middle``
             (keep its first and last halves). Checked before the prefill.
     """
-    if (prompt is None) == (prompt_file is None):
-        raise ValueError("give exactly one of --prompt and --prompt_file")
-    if prompt_file is not None:
-        path = Path(prompt_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--prompt_file {path}: no such file")
-        prompt = read_text(path, "--prompt_file")
-    if not prompt.strip():
-        raise ValueError("the prompt is empty")
-    # checked before any model loads, as the settings below
-    try:
-        checked = Budget.of(budget)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"--budget: {error}") from None
-    selection = Selection(sink, recent, selection_kernel, selection_pooling, head_budget)
-    requires = roles_of(method).requires
-    if (adapter is not None) != (requires == "adapter"):
-        raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
-    given = {
-        "preset": preset,
-        "kernel": kernel,
-        "pooling": pooling,
-        "probe_weight": probe_weight,
-        "fusion": fusion,
-        "sentences": sentences,
-        "sentences_beyond": sentences_beyond,
-        "sentences_scaled": sentences_scaled,
-        "sentences_from_budget": sentences_from_budget,
-    }
-    typed = {key: value for key, value in given.items() if value is not None}
-    flags = ", ".join(f"--{key}" for key in typed)
-    if typed and requires != "adapter":
-        raise ValueError(
-            f"{flags}: settings of --method {ADAPTER_METHOD}; got --method {method} (a method's own settings go in "
-            "--press_args, the selector's pooling in --selection_kernel)"
-        )
-    press_args = dict(press_args or {})
-    check_press_args(method, press_args)
-    both = sorted(set(press_args) & set(typed))
-    if both:
-        raise ValueError(f"{', '.join(both)}: given both as a flag and in --press_args; give each once")
-    if requires == "adapter":
-        defaults = folder_defaults(adapter)
-        try:
-            settings = defaults.settings({**press_args, **typed})
-        except ValueError as error:
-            raise ValueError(f"{flags or '--press_args'}: {error}") from None
-        if probe is not None and not settings.needs_probe:
-            raise ValueError(
-                f"--probe is fused with --method {ADAPTER_METHOD} only when its settings fuse a probe "
-                "(--probe_weight > 0, or --preset long)"
-            )
-        probe = defaults.probe_for(settings, probe, f"--adapter {adapter}")
-    elif (probe is not None) != (requires == "probe"):
-        raise ValueError(f"--probe is required by --method {PROBE_METHOD} and used by no other method here")
-    elif requires == "probe" and press_args:
-        raise ValueError(
-            f"--press_args: --method {PROBE_METHOD} takes none (its settings come from its folder)"
-        )
-    if adapter is not None:
-        press_probe = None if probe is None else resolve_probe(probe, model)
-        net, tokenizer, press = load_lookahead(
-            resolve_adapter(adapter, model), model, dtype, attn_implementation, device, settings, press_probe
-        )
-    elif probe is not None:
-        folder = resolve_probe(probe, model)
-        base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
-        net, tokenizer = load_backbone(
-            base, dtype=dtype, attn_implementation=attn_implementation, device=device
-        )
-        press = ProbePress.from_folder(folder, net)
-    else:
-        net, tokenizer = load_backbone(
-            model or DEFAULT_MODEL, dtype=dtype, attn_implementation=attn_implementation, device=device
-        )
-        press = make_method(method, **press_args)
+    run = GenerateSettings(**locals())
+    net, tokenizer, press = load_press(run)
     compressor = Compressor(
         net,
         tokenizer,
         press,
-        checked,
-        selection,
+        run.checked_budget,
+        run.selection,
         streamed=streamed,
         enable_thinking=enable_thinking,
     )
     if question is None:
-        ids = compressor.encode(prompt)[0].tolist()
+        ids = compressor.encode(run.text)[0].tolist()
         asked = None
     else:
-        ids = encode_context(tokenizer, prompt, enable_thinking)
+        ids = encode_context(tokenizer, run.text, enable_thinking)
         asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
     reserve = len(asked or []) + max_new_tokens
     ids = fit_context(ids, reserve, model_context(net), truncate)
@@ -222,8 +141,34 @@ def generate(
         ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
     )
     print(out.text)
+    adaptive = ", adaptive head budgets" if head_budget == "adaptive" else ""
     print(
-        f"lkv generate [{method}, budget {checked}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
-        f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
+        f"lkv generate [{method}, budget {run.checked_budget}{adaptive}, {out.prompt_tokens} prompt tokens]: "
+        f"{out.summary()}",
         file=sys.stderr,
     )
+
+
+def load_press(run: GenerateSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Press]:
+    """The model, its tokenizer and ``run``'s press: a lookahead module with its settings (and fused probe), a
+    probe on its base model (``--model``, else the one its folder names, else the default), or a training-free
+    method on ``--model`` (default: the embedded one)."""
+    model, options = run.model, {"dtype": run.dtype, "attn_implementation": run.attn_implementation}
+    if run.adapter is not None:
+        press_probe = None if run.fused_probe is None else resolve_probe(run.fused_probe, model)
+        return load_lookahead(
+            resolve_adapter(run.adapter, model),
+            model,
+            run.dtype,
+            run.attn_implementation,
+            run.device,
+            run.lookahead,
+            press_probe,
+        )
+    if run.probe is not None:
+        folder = resolve_probe(run.probe, model)
+        base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
+        net, tokenizer = load_backbone(base, **options, device=run.device)
+        return net, tokenizer, ProbePress.from_folder(folder, net)
+    net, tokenizer = load_backbone(model or DEFAULT_MODEL, **options, device=run.device)
+    return net, tokenizer, make_method(run.method, **(run.press_args or {}))

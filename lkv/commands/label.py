@@ -11,13 +11,13 @@ so `lkv label --help` and an option error answer at once.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
+from lkv.commands.label_settings import LabelSettings
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
-from lkv.labels.prompts import Prompt, PromptSource
+from lkv.labels.prompts import PromptSource
 from lkv.model.assets import DEFAULT_MODEL
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
@@ -90,52 +90,15 @@ def label(
             section 12 measures the effect. Not where truncation cut the answer from the prompt. Aware
             labels generated here only; recorded in ``meta.json``.
     """
-    import lightning as L
-    from torch.utils.data import DataLoader
-
+    run = LabelSettings(**locals())  # every option, checked before anything heavy is imported
+    from lkv.commands.label_predict import predict
     from lkv.core.chat import template_kwargs
     from lkv.core.progress import counted
-    from lkv.labels.batched import length_batches
-    from lkv.labels.labeller import LABEL_MODES
     from lkv.labels.lock import label_folder_lock
-    from lkv.labels.predict import LabelingModule, ShardPredictionWriter, run_meta
+    from lkv.labels.predict import run_meta
     from lkv.labels.responses import ResponsesFile
     from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
-    from lkv.train.progress import bar_on_terminal_only
 
-    if label_mode not in LABEL_MODES:
-        raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {label_mode!r}")
-    if label_mode == "agnostic" and not store_scores:
-        raise ValueError(
-            "--label_mode agnostic needs --store_scores true: online targets are computed from the stored "
-            "prompt and response alone, and the question would be missing"
-        )
-    if label_mode == "agnostic" and responses is not None:
-        raise ValueError(
-            "--label_mode agnostic generates its responses here; --responses is for aware labels"
-        )
-    if gold_answers and (label_mode != "aware" or responses is not None):
-        raise ValueError(
-            "--gold_answers replaces wrong answers generated here in aware labels; it takes neither "
-            "--label_mode agnostic nor --responses (put right answers in the responses file instead)"
-        )
-    for name, value in (
-        ("response_tokens", response_tokens),
-        ("max_prompt_tokens", max_prompt_tokens),
-        ("shard_size", shard_size),
-        ("batch_size", batch_size),
-    ):
-        if value <= 0:
-            raise ValueError(f"--{name}: expected a positive number, found {value}")
-    all_prompts = list(prompts)
-    if not all_prompts:
-        raise ValueError(
-            f"prompts: expected at least one prompt, the source yielded none ({prompts.describe()})"
-        )
-    ids = [p.id for p in all_prompts]
-    if len(set(ids)) != len(ids):
-        duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
-        raise ValueError(f"prompts: expected unique prompt ids, found duplicates {duplicates[:5]}")
     folder = Path(output)
     with label_folder_lock(folder):
         if score_dtype is None:
@@ -153,7 +116,7 @@ def label(
             chat_template_kwargs=template_kwargs(enable_thinking),
         )
         done = finished_ids(folder) if folder.exists() else set()
-        todo = [p for p in all_prompts if p.id not in done]
+        todo = [p for p in run.all_prompts if p.id not in done]
         if todo:  # nothing to add: a finished folder resumes whatever its source's description (a moved file)
             _check_source(folder, prompts)
         if engine is not None:
@@ -163,81 +126,14 @@ def label(
             # Nothing left to label, so no shard writer will compare the model with the folder's: do it here.
             _check_labelled_by(folder, model, dtype, attn_implementation)
         print(
-            f"lkv label: {counted(len(all_prompts), 'prompt')}, {len(done)} already labelled, {len(todo)} to go → {folder}"
+            f"lkv label: {counted(len(run.all_prompts), 'prompt')}, {len(done)} already labelled, {len(todo)} to go → {folder}"
         )
         if todo:
-            module = LabelingModule(
-                model,
-                dtype,
-                attn_implementation,
-                response_tokens,
-                max_prompt_tokens,
-                truncation,
-                store_scores,
-                engine,
-                label_mode,
-                enable_thinking,
-                gold_answers,
-            )
-            writer = ShardPredictionWriter(folder, prompts.describe(), score_dtype, shard_size)
-            trainer = L.Trainer(
-                accelerator=accelerator,
-                devices=devices,
-                num_nodes=num_nodes,
-                strategy=strategy,
-                logger=False,
-                enable_checkpointing=False,
-                enable_progress_bar=progress,
-                callbacks=[writer],
-                inference_mode=True,
-            )
-            bar_on_terminal_only(trainer)
-            batches = (
-                [[p] for p in todo] if batch_size == 1 else length_batches(todo, _prompt_chars, batch_size)
-            )
-            loader = DataLoader(batches, batch_size=1, shuffle=False, collate_fn=_single)
-            trainer.predict(module, loader, return_predictions=False)
-            # Every rank's last shard is flushed before any rank counts the folder.
-            trainer.strategy.barrier("lkv-label-flushed")
-            if writer.skipped:
-                reason = "too long or without a known question" if label_mode == "agnostic" else "too long"
-                print(
-                    f"lkv label: skipped {counted(writer.skipped, 'prompt')} ({reason}; max_prompt_tokens={max_prompt_tokens})"
-                )
-            if gold_answers:
-                print(
-                    f"lkv label: {module.corrected + module.unshown} of {module.answers} generated answers missed "
-                    f"the prompt's answer; the reference response was teacher-forced in place of {module.corrected} "
-                    "(--gold_answers)"
-                    + (
-                        f"; {module.unshown} keep theirs, their answer not in the prompt as rendered (truncation, "
-                        f"max_prompt_tokens={max_prompt_tokens})"
-                        if module.unshown
-                        else ""
-                    )
-                )
-            if batch_size > 1 and module.cache_tokens:
-                rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
-                print(
-                    f"lkv label{rank}: batches of {batch_size}, padding {1 - module.prompt_tokens / module.cache_tokens:.1%} "
-                    f"of the stacked prompt caches ({module.cache_tokens - module.prompt_tokens} of "
-                    f"{module.cache_tokens} token columns)"
-                )
+            predict(run, todo, folder, score_dtype, engine)
         return (
             f"{counted(len(finished_ids(folder)), 'labelled prompt')} in "
             f"{counted(len(shard_files(folder)), 'shard')} at {folder}"
         )
-
-
-def _single(items: list[list[Prompt]]) -> list[Prompt]:
-    """Collate of a loader whose every item is already a batch of prompts."""
-    (batch,) = items
-    return batch
-
-
-def _prompt_chars(prompt: Prompt) -> int:
-    """Length of a prompt's text: the sort key of length-bucketed batches (no tokenizer needed)."""
-    return sum(len(m["content"]) for m in prompt.messages)
 
 
 def _check_resumable(output: Path, **settings: Any) -> None:

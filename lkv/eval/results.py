@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,48 @@ def adapter_method(method: str) -> bool:
     return roles_of(method).requires == "adapter"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ResultRow:
+    """One line of ``results.jsonl``: a (task, sample, method, budget, setting) and what it scored.
+
+    Every benchmark kind writes the fields without a default; an end task (generation under eviction) adds its
+    answer (``prediction`` … ``finish``, ``kept_tokens``, ``kv_fraction``, ``decode_s``), a needle-token task
+    its per-head shares (``per_head``, ``value_tokens``, ``fullkv_score``); an importance row adds nothing. The
+    fields are declared in the order the file writes its keys, and :meth:`as_json` leaves out the optional
+    ones that are None, so a row reads back key for key as the folders written before this class were.
+    """
+
+    task: str
+    sample: str
+    method: str
+    budget: str  # :func:`budget_key`
+    setting: str
+    score: float
+    metrics: dict[str, Any]
+    prediction: str | None = None
+    answers: list[str] | None = None
+    answer_ids: list[int] | None = None
+    finish: str | None = None
+    per_head: list[float] | None = None
+    prompt_tokens: int
+    value_tokens: int | None = None
+    fullkv_score: float | None = None
+    kept_tokens: float | None = None
+    kv_fraction: float | None = None
+    prefill_s: float
+    score_s: float
+    decode_s: float | None = None
+    meta: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """The row as ``results.jsonl`` holds it: the fields in declaration order, unset optional ones left out."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.default is MISSING or getattr(self, f.name) is not None
+        }
+
+
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str, str]:
     return (row["task"], row["sample"], row["method"], row["budget"], row["setting"])
 
@@ -76,7 +119,10 @@ class ResultsFile:
                         print(f"lkv eval: ignoring unreadable line {number} of {path} (interrupted write)")
         self.done = {row_key(row): row for row in self.rows}
 
-    def add(self, row: dict[str, Any]) -> None:
+    def add(self, row: ResultRow | dict[str, Any]) -> None:
+        """Append ``row`` (a :class:`ResultRow`, or a row read from another folder) and flush it."""
+        if isinstance(row, ResultRow):
+            row = row.as_json()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")

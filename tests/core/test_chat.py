@@ -107,17 +107,19 @@ def test_labels_render_with_thinking_off_in_both_modes(thinking_tokenizer):
 
 
 def test_evaluator_prefills_prompts_rendered_with_thinking_off(thinking_tokenizer, tiny_corpus, tmp_path):
-    import lkv.eval.runner
+    import lkv.eval.run_end_task
     from lkv.eval.runner import Evaluator
 
     model, _ = build_tiny_model("qwen")
     task = tiny_needle_task(tiny_corpus, lengths=(40,), max_new_tokens=2)
     (sample,) = task.samples(thinking_tokenizer)
     prefilled: list[torch.Tensor] = []
-    real = lkv.eval.runner.shared_prefill
+    real = lkv.eval.run_end_task.shared_prefill
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            lkv.eval.runner, "shared_prefill", lambda m, ids, p: prefilled.append(ids) or real(m, ids, p)
+            lkv.eval.run_end_task,
+            "shared_prefill",
+            lambda m, ids, p: prefilled.append(ids) or real(m, ids, p),
         )
         for thinking in (False, True):
             evaluator = Evaluator(

@@ -18,8 +18,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from lkv.eval.runner import Evaluator, device_batch_tokens
+from lkv.eval.run_end_task import EndTaskRun
+from lkv.eval.runner import Evaluator
 from lkv.eval.tasks import NeedleTask, encode_sample
+from lkv.eval.units import device_batch_tokens
 from lkv.eviction.presses import FullKVPress, OraclePress
 from lkv.eviction.registry import make_method
 from tests.conftest import TINY_HELDOUT
@@ -113,13 +115,13 @@ def test_chunks_are_capped_by_tokens_with_the_same_rows(tiny_llama, tiny_corpus,
     )
     presses = {"fullkv": FullKVPress(), "snapkv": make_method("snapkv", window=4)}
     chunks: list[list[int]] = []
-    run_chunk = Evaluator._run_chunk
+    run_chunk = EndTaskRun._run_chunk
 
     def spy(self, task, units):
         chunks.append([unit.entries for unit in units])
         run_chunk(self, task, units)
 
-    monkeypatch.setattr(Evaluator, "_run_chunk", spy)
+    monkeypatch.setattr(EndTaskRun, "_run_chunk", spy)
     # room for two of the longest prompts: the longest two share a chunk, the shortest goes alone
     limit = 2 * entries[0]
     capped = Evaluator(

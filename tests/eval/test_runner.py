@@ -9,11 +9,13 @@ import pytest
 import torch
 
 import lkv.commands.eval
-import lkv.eval.runner
+import lkv.eval.prefill
+import lkv.eval.run_end_task
 from lkv.core.budget import Budget
 from lkv.core.generation import Sampling, eos_ids, prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import kendall_tau_b, topk_recall
+from lkv.eval.prefill import shared_prefill, with_protected
 from lkv.eval.results import (
     FULL,
     NO_BUDGET,
@@ -24,7 +26,8 @@ from lkv.eval.results import (
     copy_adapter_free,
     parse_budget_key,
 )
-from lkv.eval.runner import Evaluator, shared_prefill, with_protected
+from lkv.eval.run_end_task import EndTaskRun
+from lkv.eval.runner import Evaluator
 from lkv.eval.tasks import ImportanceTask, NeedleTask, encode_sample
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress, PressContext, ProbePress
@@ -82,7 +85,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     def refuse(*args, **kwargs):
         raise AssertionError("a finished sample was prefilled again")
 
-    monkeypatch.setattr(lkv.eval.runner, "shared_prefill", refuse)
+    monkeypatch.setattr(lkv.eval.run_end_task, "shared_prefill", refuse)
     again = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False)
     assert len(again.run([tiny_needle_task(tiny_corpus)])) == 8
     monkeypatch.undo()
@@ -92,7 +95,7 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     (out / "results.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:20])
     calls = []
     monkeypatch.setattr(
-        lkv.eval.runner, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
+        lkv.eval.run_end_task, "shared_prefill", lambda *a, **k: calls.append(1) or shared_prefill(*a, **k)
     )
     redone = Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
         [tiny_needle_task(tiny_corpus)]
@@ -441,7 +444,7 @@ def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch, stop
 ):
     monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
-    run_chunk = Evaluator._run_chunk
+    run_chunk = EndTaskRun._run_chunk
 
     def stop_after_first_chunk(self, task, units):
         run_chunk(self, task, units)
@@ -449,7 +452,7 @@ def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
             raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)  # the handler turns it into SystemExit(143)
 
-    monkeypatch.setattr(Evaluator, "_run_chunk", stop_after_first_chunk)
+    monkeypatch.setattr(EndTaskRun, "_run_chunk", stop_after_first_chunk)
     out = tmp_path / "eval"
     args = snapkv_run(tiny_corpus, out, batch_size=1)  # one (sample, setting) per chunk: two chunks
     with pytest.raises(KeyboardInterrupt if stop == "ctrl-c" else SystemExit) as stopped:
@@ -464,7 +467,7 @@ def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
     # A row that another process (the other setting's) appended meanwhile is in the final report.
     other = {**read_rows(out)[1], "method": "tova"}
     ResultsFile(out / "results.jsonl").add(other)
-    monkeypatch.setattr(Evaluator, "_run_chunk", run_chunk)
+    monkeypatch.setattr(EndTaskRun, "_run_chunk", run_chunk)
     assert lkv.commands.eval.evaluate(**args).startswith("lkv eval: 5 result rows")
     report = (out / "report.md").read_text()
     assert "Partial report" not in report and "| tova |" in report
@@ -520,7 +523,7 @@ def test_eval_timings_read_the_synchronised_clock(tiny_llama, monkeypatch):
         seen.append(device)
         return float(next(ticks))
 
-    monkeypatch.setattr(lkv.eval.runner, "clock", spy)
+    monkeypatch.setattr(lkv.eval.prefill, "clock", spy)
     ids = torch.arange(1, 20)[None]
     shared = shared_prefill(model, ids, {"snapkv": make_method("snapkv", window=4)})
     assert shared.seconds == 1.0 and seen == [ids.device] * 2
@@ -585,7 +588,7 @@ def test_several_adapters_score_one_prefill_as_each_alone(tiny_llama, tiny_corpu
         lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
     )
     prefills = []
-    monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    monkeypatch.setattr(lkv.eval.prefill, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     args = dict(tasks=[tiny_needle_task(tiny_corpus)], budgets=(8,), settings=("aware",), progress=False)
     lkv.commands.eval.evaluate(
         methods=("lookaheadkv",),
@@ -721,7 +724,7 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
         lkv.eviction.presses.lookaheadkv, "load_backbone", lambda *a, **k: build_tiny_model("llama")
     )
     prefills = []
-    monkeypatch.setattr(lkv.eval.runner, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    monkeypatch.setattr(lkv.eval.prefill, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
     built, real_press = [], lkv.commands.eval.lookahead_press
     monkeypatch.setattr(
         lkv.commands.eval, "lookahead_press", lambda *a, **k: built.append(real_press(*a, **k)) or built[-1]

@@ -1,0 +1,50 @@
+"""`lkv eval`'s options are checked as one EvalSettings, named as the user writes them."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from lkv.commands.eval import evaluate
+from lkv.commands.eval_settings import EvalSettings
+from lkv.core.budget import Budget
+
+
+def defaults(**changes) -> dict:
+    """evaluate's defaults (its tasks aside) for FullKV and SnapKV (the default methods need an adapter and a
+    probe), with ``changes``."""
+    given = {k: p.default for k, p in inspect.signature(evaluate).parameters.items() if k != "tasks"}
+    return {**given, "methods": ("fullkv", "snapkv"), **changes}
+
+
+def test_the_fields_are_the_options_of_evaluate_but_its_tasks():
+    options = [f.name for f in dataclasses.fields(EvalSettings) if f.init]
+    assert options == [k for k in inspect.signature(evaluate).parameters if k != "tasks"]
+
+
+def test_derived_fields_follow_from_the_options():
+    run = EvalSettings(**defaults(methods=("FullKV", "snapkv", "fullkv"), budgets=(64, 0.5)))
+    assert run.methods_run == ["fullkv", "snapkv"]
+    assert run.checked_budgets == [Budget(64), Budget(0.5)]
+    assert run.recorded_press_args == {} and run.module_settings == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.batch_size = 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"batch_size": 0}, "--batch_size: expected a positive number, found 0"),
+        ({"max_batch_tokens": -1}, "--max_batch_tokens: expected a positive number, found -1"),
+        ({"budgets": ()}, "--budgets: give at least one budget"),
+        ({"budgets": (0,)}, "--budgets: "),
+        ({"methods": ("lookaheadkv",)}, "--adapter is required by the lookaheadkv method"),
+        ({"adapters": {"a": "x"}}, "--adapters adds lookahead modules beside --adapter's"),
+        ({"methods": ("quest",), "head_budget": "adaptive"}, "--head_budget adaptive spreads"),
+        ({"press_args": {"fullkv": {}}}, r"press_args given for \['fullkv'\]"),
+        ({"methods": ("probe",)}, "--probe is required by the probe method"),
+    ],
+)
+def test_a_bad_option_is_refused_naming_its_flag(changes, message):
+    with pytest.raises(ValueError, match=message):
+        EvalSettings(**defaults(**changes))
