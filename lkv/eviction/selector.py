@@ -96,14 +96,14 @@ SAFEGUARD = 0.2
 """AdaKV's ``alpha_safeguard``: the share of ``C`` every head keeps whatever the other heads' scores."""
 
 
-def check_head_budget(head_budget: str, safeguard: float, threshold: float = 0.0) -> None:
+def check_head_budget(head_budget: str, safeguard: float, threshold: float | None = None) -> None:
     """Raise a clear error unless ``head_budget`` is one of :data:`HEAD_BUDGETS`, ``0 ≤ safeguard ≤ 1`` and
-    ``threshold`` is a finite number."""
+    ``threshold`` is ``None`` or a finite number."""
     if head_budget not in HEAD_BUDGETS:
         raise ValueError(f"head_budget must be one of {', '.join(HEAD_BUDGETS)}; got {head_budget!r}")
     if not 0 <= safeguard <= 1:
         raise ValueError(f"safeguard must be in [0, 1] (a share of the per-head budget), got {safeguard}")
-    if not math.isfinite(threshold):
+    if threshold is not None and not math.isfinite(threshold):
         raise ValueError(f"threshold must be a finite log-score (0: the uniform share), got {threshold}")
 
 
@@ -150,7 +150,9 @@ class Selection:
         head_budget: ``equal`` (every KV head keeps ``C``, the paper's), ``adaptive`` (AdaKV) or ``threshold``
             (KVzap's DMS; see the module docstring).
         safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``).
-        threshold: under ``threshold``, the least normalised score kept (:func:`normalised_scores`, log scale).
+        threshold: under ``threshold``, the least normalised score kept (:func:`normalised_scores`, log scale);
+            ``None``: matched to the budget on each prompt itself (the prompt keeps ``C`` entries per layer and
+            KV head on average: :class:`~lkv.eviction.compressor.Compressor` calibrates it before selecting).
     """
 
     sink: int = 0
@@ -159,7 +161,7 @@ class Selection:
     pooling: str = "max"
     head_budget: HeadBudget = "equal"
     safeguard: float = SAFEGUARD
-    threshold: float = 0.0
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.sink < 0 or self.recent < 0:
@@ -206,6 +208,11 @@ def select_indices(
     if len(budgets) != num_layers:
         raise ValueError(f"got {len(budgets)} layer budgets for {num_layers} layers")
     if selection.head_budget == "threshold":
+        if selection.threshold is None:
+            raise ValueError(
+                "head_budget='threshold' needs a threshold here; calibrate one for the budget first "
+                "(lkv.eviction.threshold.calibrate_threshold)"
+            )
         keep = threshold_scores(scores, selection) >= selection.threshold
         return [padded_rows(keep[:, layer], width) for layer in range(num_layers)]
     scores, own = _pooled(scores, selection)

@@ -40,7 +40,9 @@ class KeptStats:
     high: int
 
 
-def calibrate_threshold(scores: Sequence[torch.Tensor], budget: Budget, selection: Selection) -> float:
+def calibrate_threshold(
+    scores: Sequence[torch.Tensor], budget: Budget, selection: Selection | Sequence[Selection]
+) -> float:
     """The threshold whose ``threshold`` selection keeps ``budget`` entries per (layer, KV head) on average over
     the prompts scored ``scores`` (the rule in the module docstring).
 
@@ -48,7 +50,8 @@ def calibrate_threshold(scores: Sequence[torch.Tensor], budget: Budget, selectio
         scores: one ``(1, layers, kv_heads, S_p)`` tensor per prompt (a press's scores, as the selector ranks
             them: :meth:`~lkv.eviction.presses.base.Press.budget_scores`); lengths may differ.
         budget: the target mean ``C`` (tokens per KV head, or a ratio of each prompt).
-        selection: the selector's settings (sink, recent window, pooling; its own threshold is ignored).
+        selection: the selector's settings (sink, recent window, pooling; its own threshold is ignored), or one
+            per prompt (a method's window may depend on the prompt's length).
 
     Returns:
         the threshold on :func:`~lkv.eviction.selector.normalised_scores`' log scale; when the entries kept
@@ -56,9 +59,12 @@ def calibrate_threshold(scores: Sequence[torch.Tensor], budget: Budget, selectio
     """
     if not scores:
         raise ValueError("calibrating a threshold needs the scores of at least one prompt")
+    selections = [selection] * len(scores) if isinstance(selection, Selection) else list(selection)
+    if len(selections) != len(scores):
+        raise ValueError(f"got {len(selections)} selections for the scores of {len(scores)} prompts")
     target, anyway, candidates = 0, 0, []
-    for prompt_scores in scores:
-        normalised = threshold_scores(prompt_scores, selection)
+    for prompt_scores, prompt_selection in zip(scores, selections, strict=True):
+        normalised = threshold_scores(prompt_scores, prompt_selection)
         rows = normalised.shape[1] * normalised.shape[2]
         target += rows * min(budget.tokens(normalised.shape[-1]), normalised.shape[-1])
         kept = torch.isposinf(normalised)
