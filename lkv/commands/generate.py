@@ -63,6 +63,7 @@ def generate(
     streamed: bool = False,
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
+    threshold: float | None = None,
     truncate: Truncate = "error",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
@@ -118,7 +119,12 @@ def generate(
             expected_attention, keydiff, probe): each layer is cut to its budget as soon as the prefill has produced it,
             so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
         head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
-            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
+            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %) or
+            ``threshold`` (KVzap's DMS: every entry whose normalised score passes ``--threshold``, so each head and
+            layer keeps its own count; without ``--threshold``, the one that keeps ``budget`` entries per layer
+            and KV head on average over this prompt).
+        threshold: with ``--head_budget threshold``, the least normalised score kept: ``log(S · share)`` of the
+            method's scores (0: a uniform share; :func:`lkv.eviction.selector.normalised_scores`).
         enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
             default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
         truncate: a prompt that does not fit in the model's context with the question and ``max_new_tokens``
@@ -139,7 +145,9 @@ def generate(
         checked = Budget.of(budget)
     except (TypeError, ValueError) as error:
         raise ValueError(f"--budget: {error}") from None
-    selection = Selection(sink, recent, selection_kernel, selection_pooling, head_budget)
+    if threshold is not None and head_budget != "threshold":
+        raise ValueError(f"--threshold applies with --head_budget threshold, got --head_budget {head_budget}")
+    selection = Selection(sink, recent, selection_kernel, selection_pooling, head_budget, threshold=threshold)
     requires = roles_of(method).requires
     if (adapter is not None) != (requires == "adapter"):
         raise ValueError(f"--adapter is required by --method {ADAPTER_METHOD} and used by no other method")
@@ -222,8 +230,11 @@ def generate(
         ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
     )
     print(out.text)
+    heads = {"equal": "", "adaptive": ", adaptive head budgets"}.get(
+        head_budget, f", threshold {'matched to the budget' if threshold is None else threshold}"
+    )
     print(
-        f"lkv generate [{method}, budget {checked}{', adaptive head budgets' if head_budget == 'adaptive' else ''}, "
+        f"lkv generate [{method}, budget {checked}{heads}, "
         f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
         file=sys.stderr,
     )
