@@ -200,7 +200,11 @@ class Evaluator:
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
         selection: every method's selector settings (:class:`~lkv.eviction.selector.Selection`), e.g. how its
-            budget is spread over the KV heads of a layer: ``equal`` or ``adaptive`` (AdaKV).
+            budget is spread over the KV heads of a layer: ``equal``, ``adaptive`` (AdaKV) or ``threshold``
+            (KVzap's DMS: per task, method and budget one threshold calibrated on every prompt the task
+            compresses, both settings, so the mean kept entries per (layer, KV head) is the budget;
+            :meth:`Compressor.calibrate`, an extra prefill per prompt and method; the Oracle, scored from the
+            FullKV answer, is matched per prompt instead). Its rows add ``threshold`` and ``kept_std``.
         truncate: a sample whose context, question and answer tokens do not fit in the model's context
             (:func:`lkv.core.context.fit_context`): ``error`` refuses it before the task's first prefill;
             ``left`` or ``middle`` cut its context.
@@ -248,6 +252,7 @@ class Evaluator:
         self.enable_thinking = enable_thinking
         self.max_batch_tokens = max_batch_tokens
         self.truncate = truncate
+        self.selection = selection
         self.context = model_context(model)
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None
 
@@ -275,7 +280,7 @@ class Evaluator:
         return todo
 
     def _end_task(self, task: Task) -> None:
-        units = []
+        units, prompts = [], []
         for sample in task.samples(self.tokenizer):
             context, question = encode_sample(sample, self.tokenizer, self.enable_thinking)
             reserve = len(question) + sample.max_new_tokens
@@ -283,8 +288,12 @@ class Evaluator:
             context = fit_context(context, reserve, self.context, self.truncate, where)
             for setting in self.settings:
                 todo = self._pending(task.name, sample.id, setting)
+                unit = _Unit(sample, setting, context, question, todo)
+                prompts.append(unit.prompt)
                 if todo:
-                    units.append(_Unit(sample, setting, context, question, todo))
+                    units.append(unit)
+        if units and self.selection.head_budget == "threshold":
+            self._calibrate(prompts)
         # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
         units.sort(key=lambda unit: -unit.entries)
         if self.max_batch_tokens is None and self.token_cap is None:
@@ -294,6 +303,12 @@ class Evaluator:
             self._run_chunk(task, chunk)
             bar.update(len(chunk), f"{chunk[-1].sample.id} {chunk[-1].setting}")
         bar.close()
+
+    def _calibrate(self, prompts: list[list[int]]) -> None:
+        """Under ``threshold`` selection, each scored method's threshold per budget over ``prompts`` (a task's)."""
+        for method, compressor in self.compressors.items():
+            if roles_of(method).role == "method":
+                compressor.thresholds = compressor.calibrate(prompts, self.budgets)
 
     def _chunks(self, units: list[_Unit]) -> Iterator[list[_Unit]]:
         """``units`` (longest first) in chunks of at most ``batch_size`` whose stacked full caches, the count
@@ -481,7 +496,15 @@ class Evaluator:
     def _generate_streamed(self, method: str, unit: _Unit, budget: Budget) -> Generation:
         """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
         own = self.compressors[method]
-        compressor = Compressor(self.model, self.tokenizer, own.press, budget, own.selection, streamed=True)
+        compressor = Compressor(
+            self.model,
+            self.tokenizer,
+            own.press,
+            budget,
+            own.selection,
+            streamed=True,
+            thresholds=own.thresholds,
+        )
         ids = torch.tensor([unit.prompt], device=self.full.device)
         return compressor.generate(ids, unit.sampling, unit.appended or None)
 
@@ -518,7 +541,14 @@ class Evaluator:
             "score_s": score_s,
             "decode_s": gen.question_s + gen.decode_s,
             "meta": {k: v for k, v in sample.meta.items() if k != "all_classes"},
+            **self._threshold_fields(method, budget, gen),
         }
+
+    def _threshold_fields(self, method: str, budget: Budget | None, gen: Generation) -> dict[str, Any]:
+        """Under ``threshold`` selection, a row's threshold (``None``: matched on its prompt) and ``kept_std``."""
+        if self.selection.head_budget != "threshold" or budget is None:
+            return {}
+        return {"threshold": self.compressors[method].thresholds.get(budget), "kept_std": gen.kept_std}
 
     # --- importance quality -------------------------------------------------------------------------------
 
