@@ -1,5 +1,6 @@
 """Threshold budgets (KVzap's DMS): the selection against a plain-Python reference, the ragged cache against the
-full cache with the evicted keys masked, streamed ≡ two-phase, and the calibrated threshold's mean budget."""
+full cache with the evicted keys masked, and the calibrated threshold's mean budget (streamed ≡ two-phase:
+tests/eviction/test_head_budget.py)."""
 
 import math
 
@@ -7,14 +8,12 @@ import pytest
 import torch
 
 from lkv.core.budget import Budget
-from lkv.core.cache import KEY_MASK_ATTR
-from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.selector import Selection, select_indices
 from lkv.eviction.threshold import calibrate_threshold, kept_stats
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt
-from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
+from tests.reference import check_decodes_as_masked, keep_mask
 
 METHODS = ["snapkv", "keydiff", "probe", "lookaheadkv"]
 
@@ -100,30 +99,7 @@ def test_threshold_eviction_equals_masking(tiny_model, method):
     widths = [layer.keys.shape[2] for layer in compressed.cache.layers]
     assert widths == counts.amax(dim=-1).tolist()
 
-    tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, PROMPT_LEN, steps=4)
-    want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
-    torch.testing.assert_close(got, want[PROMPT_LEN - 1 :], atol=1e-5, rtol=0)
-
-    question = torch.tensor([5, 6, 7, 8])
-    answer = compressor.answer(compressor.compress(ids), question, Sampling(max_new_tokens=4))
-    sequence = torch.cat([ids[0], question, torch.tensor(answer.token_ids[:-1])])[None]
-    reference = evicted_reference_logits(model, sequence, keep)[PROMPT_LEN + len(question) - 1 :]
-    assert answer.token_ids == reference.argmax(dim=-1).tolist()[: len(answer.token_ids)]
-
-
-@pytest.mark.parametrize("method", ["snapkv", "probe"])
-def test_threshold_streamed_equals_two_phase(tiny_llama, method):
-    model, tokenizer = tiny_llama
-    press = build_press(method, model)
-    ids = prompt(model)
-    selection = Selection(head_budget="threshold", threshold=0.0)
-    want = Compressor(model, tokenizer, press, 12, selection=selection).compress(ids)
-    got = Compressor(model, tokenizer, press, 12, selection=selection, streamed=True).compress(ids)
-    for a, b in zip(got.kept, want.kept, strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(got.cache.layers, want.cache.layers, strict=True):
-        mask_a, mask_b = getattr(a, KEY_MASK_ATTR), getattr(b, KEY_MASK_ATTR)
-        assert torch.equal(a.keys, b.keys) and (mask_a is mask_b is None or torch.equal(mask_a, mask_b))
+    check_decodes_as_masked(model, compressor, compressed, ids, keep)
 
 
 @pytest.mark.parametrize("budget", [Budget(10), Budget(0.3)])
