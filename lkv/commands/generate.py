@@ -118,7 +118,7 @@ def generate(
         streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
             expected_attention, keydiff, probe): each layer is cut to its budget as soon as the prefill has produced it,
             so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
-        head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
+        head_budget: ``equal`` (every KV head keeps ``budget``), ``adaptive`` (AdaKV: each layer keeps
             ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %) or
             ``threshold`` (KVzap's DMS: every entry whose normalised score passes ``--threshold``, so each head and
             layer keeps its own count; without ``--threshold``, the one that keeps ``budget`` entries per layer
