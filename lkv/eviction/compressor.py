@@ -81,8 +81,9 @@ class Compressor:
             layer is then gathered to its widest head's count and the other heads' padding slots are masked
             (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
             ``threshold`` (KVzap's DMS) keeps every entry whose normalised score passes the selection's
-            threshold, whatever the budget, so heads, layers and prompts keep different counts (gathered as
-            under ``adaptive``, each layer to its own width). With no threshold of the selection's or of
+            threshold, so heads, layers and prompts keep different counts (gathered as under ``adaptive``, each
+            layer to its own width); the budget only decides whether to evict at all (a prompt it holds whole,
+            and FullKV, are not evicted). With no threshold of the selection's or of
             ``thresholds``, each prompt is matched to the budget on its own: the threshold that keeps ``C``
             entries per (layer, KV head) on average over its layers and heads
             (:func:`~lkv.eviction.threshold.calibrate_threshold`; then no layer-streamed eviction).
@@ -211,7 +212,7 @@ class Compressor:
         budgets = self.layer_budgets(budget, scored.prompt_len)
         start = clock(self.device)
         kept = None
-        if self._evicts(budgets, scored.prompt_len):
+        if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
             kept = self.select(scored.scores, scored.ids, budget, budgets)
@@ -284,17 +285,12 @@ class Compressor:
             selection = selection.protecting(*policy.prompt_window(budget.tokens(prompt_len)))
         return selection
 
-    def _evicts(self, budgets: Sequence[int], prompt_len: int) -> bool:
-        """Whether an eviction keeps less than the whole prompt: a layer budget below it, or a threshold (which
-        ignores the budgets)."""
-        return self.selection.head_budget == "threshold" or any(budget < prompt_len for budget in budgets)
-
     def compress(self, prompt: Prompt) -> CompressedPrompt:
         """Prefill ``prompt`` and evict down to the budget (nothing is evicted when it fits; nothing is scored
         either, unless a decode-time policy may seed from the scores). Layer by layer when ``streamed``."""
         ids = self.encode(prompt)
         budgets = self.layer_budgets(self.budget, ids.shape[1])
-        fits = not self._evicts(budgets, ids.shape[1])
+        fits = all(budget >= ids.shape[1] for budget in budgets)
         selection = self._selection(ids.shape[1], self.budget)
         matched = selection.head_budget == "threshold" and selection.threshold is None  # needs every layer
         if self.streamed and self.press.streamable and not fits and not matched:

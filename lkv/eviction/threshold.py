@@ -6,7 +6,8 @@ same mean KV entries, one threshold per method and suite is calibrated on the su
 
     target  = Σ_prompts layers · kv_heads · min(C_p, S_p)       C_p: the budget in tokens for prompt p
     τ       = the k-th highest normalised score pooled over every prompt, layer, KV head and position not
-              kept anyway (protected windows, each head's best entry), k = target − the entries kept anyway
+              kept anyway (protected windows, each head's best entry, every entry of a prompt with
+              C_p ≥ S_p, which is not evicted at all), k = target − the entries kept anyway
 
 so the suite's kept entries, and hence the mean per (prompt, layer, KV head), equal the target's (exactly,
 unless scores tie at ``τ``: all tied entries are kept). :func:`kept_stats` reports the mean and the spread a
@@ -65,8 +66,12 @@ def calibrate_threshold(
     target, anyway, candidates = 0, 0, []
     for prompt_scores, prompt_selection in zip(scores, selections, strict=True):
         normalised = threshold_scores(prompt_scores, prompt_selection)
+        prompt_len = normalised.shape[-1]
         rows = normalised.shape[1] * normalised.shape[2]
-        target += rows * min(budget.tokens(normalised.shape[-1]), normalised.shape[-1])
+        target += rows * min(budget.tokens(prompt_len), prompt_len)
+        if budget.tokens(prompt_len) >= prompt_len:  # the whole prompt fits: not evicted
+            anyway += rows * prompt_len
+            continue
         kept = torch.isposinf(normalised)
         anyway += int(kept.sum())
         candidates.append(normalised[~kept & torch.isfinite(normalised)].flatten())

@@ -120,6 +120,26 @@ def test_calibrated_threshold_matches_the_mean_budget(tiny_llama, budget):
     assert stats.low < stats.mean < stats.high and stats.std > 0
 
 
+def test_a_prompt_the_budget_holds_is_not_evicted(tiny_llama):
+    """As in every mode, FullKV and a budget ≥ S keep the whole prompt; calibration counts such a prompt whole."""
+    model, tokenizer = tiny_llama
+    selection = Selection(head_budget="threshold", threshold=5.0)
+    ids = prompt(model)
+    assert Compressor(model, tokenizer, "fullkv", 12, selection).compress(ids).kept is None
+    assert (
+        Compressor(model, tokenizer, build_press("snapkv", model), PROMPT_LEN, selection).compress(ids).kept
+        is None
+    )
+    # a 6-token prompt the budget 8 holds (a threshold would keep 1 of its entries) beside a 40-token one: the
+    # short one counts whole, so the long one keeps 14 − 6 = 8
+    short = torch.tensor([1.0, 0, 0, 0, 0, 0]).view(1, 1, 1, 6)
+    long = torch.rand(1, 1, 1, 40, generator=torch.Generator().manual_seed(0))
+    calibrated = Selection(head_budget="threshold")
+    threshold = calibrate_threshold([short, long], Budget(8), calibrated)
+    chosen = Selection(head_budget="threshold", threshold=threshold)
+    assert kept_stats([select_indices(long, [8], chosen)]).mean == 8
+
+
 def test_compressor_calibrates_one_threshold_per_budget(tiny_llama):
     """``Compressor.calibrate`` over a suite, then each prompt evicted with that threshold (streamed here): the
     suite-mean kept entries is each budget's within 1 %; a prompt's own mean is not pinned to it."""
