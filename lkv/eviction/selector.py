@@ -190,7 +190,7 @@ def select_indices(
     Args:
         scores: ``(1, layers, kv_heads, S)``, higher = keep; ``+inf`` marks positions a method always keeps.
         budgets: ``C_l`` per layer (derived from a :class:`~lkv.core.budget.Budget`); ``C_l ≥ S`` keeps the
-            whole layer. Unused under ``threshold`` (one per layer all the same).
+            whole layer. Not read under ``threshold`` (one per layer is still checked).
         selection: sink, recent window, pooling and how a layer's budget is spread over its heads.
         width: under ``adaptive`` or ``threshold``, pad every layer's rows to this many slots (at least
             :func:`adaptive_width` under ``adaptive``) instead of to its widest head's count.
