@@ -14,6 +14,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from lkv.core.compat import cache_kwargs
+from lkv.core.generation import Sampling
 
 
 def eager_attentions(model, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -99,6 +100,21 @@ def greedy_steps(model, cache, next_logits: torch.Tensor, position: int, steps: 
         )
         logits.append(out.logits[0, -1].float())
     return torch.tensor(tokens), torch.stack(logits)
+
+
+def check_decodes_as_masked(model, compressor, compressed, ids: torch.Tensor, keep: torch.Tensor) -> None:
+    """``compressed`` (``compressor``'s compression of the ``(1, S)`` prompt ``ids``, keeping ``keep (layers,
+    kv_heads, S)``) decodes as the full cache with the evicted keys masked: four greedy steps' logits, then a
+    question appended to a fresh compression and answered (question-agnostic)."""
+    prompt_len = ids.shape[1]
+    tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, prompt_len, steps=4)
+    want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
+    torch.testing.assert_close(got, want[prompt_len - 1 :], atol=1e-5, rtol=0)
+    question = torch.tensor([5, 6, 7, 8])
+    answer = compressor.answer(compressor.compress(ids), question, Sampling(max_new_tokens=4))
+    sequence = torch.cat([ids[0], question, torch.tensor(answer.token_ids[:-1])])[None]
+    reference = evicted_reference_logits(model, sequence, keep)[prompt_len + len(question) - 1 :]
+    assert answer.token_ids == reference.argmax(dim=-1).tolist()[: len(answer.token_ids)]
 
 
 def naive_select(row: list[float], budget: int, sink: int, recent: int, kernel: int) -> list[int]:

@@ -99,9 +99,12 @@ def evaluate(
             the model answers at once (on, it reasons first and short answers score about 0). Recorded in
             ``run.json`` (``chat_template_kwargs``); a rerun into the folder must use the same value.
         head_budget: how each method's per-head budget ``C`` is spread over the KV heads of a layer: ``equal``
-            (every head keeps ``C``, the paper's) or ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads``
-            entries, spread over its heads by score, each head keeping at least 20 % of ``C``). One setting for
-            the whole run, recorded in ``run.json``: compare the two in two output folders.
+            (every head keeps ``C``, the paper's), ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads``
+            entries, spread over its heads by score, each head keeping at least 20 % of ``C``) or ``threshold``
+            (KVzap's DMS: every entry whose normalised score passes one threshold per task, method and budget,
+            calibrated on the task's prompts so the mean kept entries per layer and KV head is ``C``; its rows
+            add ``threshold`` and ``kept_std``). One setting for the whole run, recorded in ``run.json``:
+            compare them in separate output folders.
         truncate: a sample that does not fit in the model's context with its question and answer tokens:
             ``error`` (the run stops before the task's first prefill, naming the sample and both lengths),
             ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves). Recorded

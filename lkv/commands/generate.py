@@ -56,6 +56,7 @@ def generate(
     streamed: bool = False,
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
+    threshold: float | None = None,
     truncate: Truncate = "error",
 ) -> None:
     """Compress a prompt's KV cache with an eviction method and generate an answer (printed to stdout).
@@ -110,8 +111,13 @@ def generate(
         streamed: layer-streamed eviction (snapkv, pyramidkv, tova, h2o, streamingllm, random, lookaheadkv,
             expected_attention, keydiff, probe): each layer is cut to its budget as soon as the prefill has produced it,
             so only one layer's full K/V lives at a time; the same answer. Other methods keep the two-phase path.
-        head_budget: ``equal`` (every KV head keeps ``budget``) or ``adaptive`` (AdaKV: each layer keeps
-            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %).
+        head_budget: ``equal`` (every KV head keeps ``budget``), ``adaptive`` (AdaKV: each layer keeps
+            ``budget · kv_heads`` entries, spread over its heads by score, each head keeping at least 20 %) or
+            ``threshold`` (KVzap's DMS: every entry whose normalised score passes ``--threshold``, so each head and
+            layer keeps its own count; without ``--threshold``, the one that keeps ``budget`` entries per layer
+            and KV head on average over this prompt).
+        threshold: with ``--head_budget threshold``, the least normalised score kept: ``log(S · share)`` of the
+            method's scores (0: a uniform share; :func:`lkv.eviction.selector.normalised_scores`).
         enable_thinking: the chat template's variable the prompt and question are rendered with. Off by
             default, as ``lkv label`` and ``lkv eval`` render theirs: Qwen3 then answers without reasoning first.
         truncate: a prompt that does not fit in the model's context with the question and ``max_new_tokens``
@@ -141,10 +147,12 @@ def generate(
         ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
     )
     print(out.text)
-    adaptive = ", adaptive head budgets" if head_budget == "adaptive" else ""
+    heads = {"equal": "", "adaptive": ", adaptive head budgets"}.get(
+        head_budget, f", threshold {'matched to the budget' if threshold is None else threshold}"
+    )
     print(
-        f"lkv generate [{method}, budget {run.checked_budget}{adaptive}, {out.prompt_tokens} prompt tokens]: "
-        f"{out.summary()}",
+        f"lkv generate [{method}, budget {run.checked_budget}{heads}, "
+        f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
         file=sys.stderr,
     )
 

@@ -74,6 +74,7 @@ class GenerateSettings:
     streamed: bool
     enable_thinking: bool
     head_budget: HeadBudget
+    threshold: float | None
     truncate: Truncate
     text: str = field(init=False)
     checked_budget: Budget = field(init=False)
@@ -87,8 +88,17 @@ class GenerateSettings:
             self._set("checked_budget", Budget.of(self.budget))
         except (TypeError, ValueError) as error:
             raise ValueError(f"--budget: {error}") from None
+        if self.threshold is not None and self.head_budget != "threshold":
+            raise ValueError(
+                f"--threshold applies with --head_budget threshold, got --head_budget {self.head_budget}"
+            )
         selection = Selection(
-            self.sink, self.recent, self.selection_kernel, self.selection_pooling, self.head_budget
+            self.sink,
+            self.recent,
+            self.selection_kernel,
+            self.selection_pooling,
+            self.head_budget,
+            threshold=self.threshold,
         )
         self._set("selection", selection)
         requires = roles_of(self.method).requires

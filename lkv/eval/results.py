@@ -89,6 +89,10 @@ class ResultRow:
     score_s: float
     decode_s: float | None = None
     meta: dict[str, Any]
+    threshold: float | None = None  # under threshold selection: the calibrated threshold of its budget
+    kept_std: float | None = (
+        None  # under threshold selection: the spread of kept entries over (layer, KV head)
+    )
 
     def as_json(self) -> dict[str, Any]:
         """The row as ``results.jsonl`` holds it: the fields in declaration order, unset optional ones left out."""

@@ -42,7 +42,7 @@ class EndTaskRun:
 
     def run(self, task: Task) -> None:
         """Every pending row of ``task``, chunk by chunk (longest prompts first)."""
-        units = []
+        units, prompts = [], []
         for sample in task.samples(self.setup.tokenizer):
             context, question = encode_sample(sample, self.setup.tokenizer, self.setup.enable_thinking)
             reserve = len(question) + sample.max_new_tokens
@@ -50,8 +50,12 @@ class EndTaskRun:
             context = fit_context(context, reserve, self.setup.context, self.setup.truncate, where)
             for setting in self.setup.settings:
                 todo = self._pending(task.name, sample.id, setting)
+                unit = Unit(sample, setting, context, question, todo)
+                prompts.append(unit.prompt)
                 if todo:
-                    units.append(Unit(sample, setting, context, question, todo))
+                    units.append(unit)
+        if units and self.setup.selection.head_budget == "threshold":
+            self.setup.calibrate(prompts)
         # Prompts of similar length share a chunk, so the chunk's FullKV answers (uncompressed) pad little.
         units.sort(key=lambda unit: -unit.entries)
         if self.setup.max_batch_tokens is None and self.setup.token_cap is None:
@@ -249,7 +253,13 @@ class EndTaskRun:
         """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
         own = self.setup.compressors[method]
         compressor = Compressor(
-            self.setup.model, self.setup.tokenizer, own.press, budget, own.selection, streamed=True
+            self.setup.model,
+            self.setup.tokenizer,
+            own.press,
+            budget,
+            own.selection,
+            streamed=True,
+            thresholds=own.thresholds,
         )
         ids = torch.tensor([unit.prompt], device=self.setup.full.device)
         return compressor.generate(ids, unit.sampling, unit.appended or None)
@@ -287,4 +297,5 @@ class EndTaskRun:
             score_s=score_s,
             decode_s=gen.question_s + gen.decode_s,
             meta={k: v for k, v in sample.meta.items() if k != "all_classes"},
+            **self.setup.threshold_fields(method, budget, gen),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -17,7 +17,8 @@ from lkv.eval.prefill import Prefilled
 from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
-from lkv.eviction.registry import REFERENCE
+from lkv.eviction.records import Generation
+from lkv.eviction.registry import REFERENCE, roles_of
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection
 
 SETTINGS = ("aware", "agnostic")
@@ -48,7 +49,11 @@ class EvalSetup:
         enable_thinking: the chat template's variable the samples are rendered with
             (:func:`lkv.eval.tasks.encode_sample`; off, as labels are rendered).
         selection: every method's selector settings (:class:`~lkv.eviction.selector.Selection`), e.g. how its
-            budget is spread over the KV heads of a layer: ``equal`` or ``adaptive`` (AdaKV).
+            budget is spread over the KV heads of a layer: ``equal``, ``adaptive`` (AdaKV) or ``threshold``
+            (KVzap's DMS: per task, method and budget one threshold calibrated on every prompt the task
+            compresses, both settings, so the mean kept entries per (layer, KV head) is the budget;
+            :meth:`Compressor.calibrate`, an extra prefill per prompt and method; the Oracle, scored from the
+            FullKV answer, is matched per prompt instead). Its rows add ``threshold`` and ``kept_std``.
         truncate: a sample whose context, question and answer tokens do not fit in the model's context
             (:func:`lkv.core.context.fit_context`): ``error`` refuses it before the task's first prefill;
             ``left`` or ``middle`` cut its context.
@@ -96,6 +101,7 @@ class EvalSetup:
         self.enable_thinking = enable_thinking
         self.max_batch_tokens = max_batch_tokens
         self.truncate = truncate
+        self.selection = selection
         self.context = model_context(model)
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None
 
@@ -113,3 +119,15 @@ class EvalSetup:
         start = clock(shared.ids.device)
         scores = self.compressors[method].press.score(ctx)
         return scores, clock(shared.ids.device) - start
+
+    def calibrate(self, prompts: list[list[int]]) -> None:
+        """Under ``threshold`` selection, each scored method's threshold per budget over ``prompts`` (a task's)."""
+        for method, compressor in self.compressors.items():
+            if roles_of(method).role == "method":
+                compressor.thresholds = compressor.calibrate(prompts, self.budgets)
+
+    def threshold_fields(self, method: str, budget: Budget | None, gen: Generation) -> dict[str, Any]:
+        """Under ``threshold`` selection, a row's threshold (``None``: matched on its prompt) and ``kept_std``."""
+        if self.selection.head_budget != "threshold" or budget is None:
+            return {}
+        return {"threshold": self.compressors[method].thresholds.get(budget), "kept_std": gen.kept_std}

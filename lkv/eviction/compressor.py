@@ -33,7 +33,8 @@ policy (:mod:`lkv.eviction.decoding`) the cache keeps being looked after while t
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -59,6 +60,7 @@ from lkv.eviction.records import CompressedPrompt, Generation, ScoredPrompt, ans
 from lkv.eviction.registry import make_method
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection, select_indices
 from lkv.eviction.streamed import streamed_compress
+from lkv.eviction.threshold import calibrate_threshold
 
 Prompt = str | list[dict[str, str]] | Sequence[int] | torch.Tensor
 
@@ -78,6 +80,13 @@ class Compressor:
             ``adaptive`` (AdaKV: each layer keeps ``C · kv_heads`` entries, spread over its heads by score). A
             layer is then gathered to its widest head's count and the other heads' padding slots are masked
             (:mod:`lkv.core.cache`); ``kept_per_layer`` counts real entries, ``kv_bytes_kept`` what is allocated.
+            ``threshold`` (KVzap's DMS) keeps every entry whose normalised score passes the selection's
+            threshold, so heads, layers and prompts keep different counts (gathered as under ``adaptive``, each
+            layer to its own width); the budget only decides whether to evict at all (a prompt it holds whole,
+            and FullKV, are not evicted). With no threshold of the selection's or of
+            ``thresholds``, each prompt is matched to the budget on its own: the threshold that keeps ``C``
+            entries per (layer, KV head) on average over its layers and heads
+            (:func:`~lkv.eviction.threshold.calibrate_threshold`; then no layer-streamed eviction).
         decode_policy: keeps acting while the answer is generated (e.g. :class:`lkv.eviction.decoding.H2ODecode`:
             the cache never outgrows the budget); a decode-time method (``h2o-decode``, ...) brings its own.
         streamed: :meth:`compress` scores and evicts each layer as soon as the prompt has passed it
@@ -86,6 +95,8 @@ class Compressor:
             :meth:`score` / :meth:`evict` (one prefill, many budgets) are always two-phase.
         enable_thinking: the chat template's variable for text prompts, contexts and questions
             (:func:`lkv.core.chat.template_kwargs`; off: Qwen3 answers without reasoning first).
+        thresholds: under ``head_budget="threshold"``, the threshold for each target budget (one calibrated on a
+            suite's prompts: :meth:`calibrate`), used instead of the selection's when evicting to that budget.
     """
 
     def __init__(
@@ -98,6 +109,7 @@ class Compressor:
         decode_policy: DecodePolicy | None = None,
         streamed: bool = False,
         enable_thinking: bool = False,
+        thresholds: Mapping[Budget, float] | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -119,6 +131,7 @@ class Compressor:
         self.budget = Budget.of(budget)
         self.streamed = streamed
         self.enable_thinking = enable_thinking
+        self.thresholds = dict(thresholds or {})
         self.eos_token_ids = eos_ids(model, tokenizer)
 
     @property
@@ -240,11 +253,32 @@ class Compressor:
         if layer_budgets is None:
             layer_budgets = self.layer_budgets(budget, prompt_len)
         ranked = self.press.budget_scores(scores, prompt_ids, budget.tokens(prompt_len))
-        return select_indices(ranked, layer_budgets, self._selection(prompt_len, budget))
+        selection = self._selection(prompt_len, budget)
+        if selection.head_budget == "threshold" and selection.threshold is None:
+            selection = replace(selection, threshold=calibrate_threshold([ranked], budget, selection))
+        return select_indices(ranked, layer_budgets, selection)
+
+    def calibrate(self, prompts: Iterable[Prompt], budgets: Iterable[Budget]) -> dict[Budget, float]:
+        """Per budget, the one threshold that keeps ``C`` entries per (layer, KV head) on average over
+        ``prompts`` (:func:`~lkv.eviction.threshold.calibrate_threshold`; each prompt prefilled and scored once,
+        its cache let go), for :attr:`thresholds`. The selector's windows are those of each prompt."""
+        budgets = [Budget.of(budget) for budget in budgets]
+        ranked: dict[Budget, list[torch.Tensor]] = {budget: [] for budget in budgets}
+        selections: dict[Budget, list[Selection]] = {budget: [] for budget in budgets}
+        for prompt in prompts:
+            scored = self.score(prompt)
+            for budget in budgets:
+                tokens = budget.tokens(scored.prompt_len)
+                ranked[budget].append(self.press.budget_scores(scored.scores, scored.ids, tokens))
+                selections[budget].append(self._selection(scored.prompt_len, budget))
+        return {budget: calibrate_threshold(ranked[budget], budget, selections[budget]) for budget in budgets}
 
     def _selection(self, prompt_len: int, budget: Budget) -> Selection:
-        """The selector's settings with every window it must keep: the method's own, the policy's, the user's."""
+        """The selector's settings with every window it must keep (the method's own, the policy's, the user's)
+        and, under ``threshold``, the threshold calibrated for ``budget`` if there is one."""
         selection = self.selection.protecting(*self.press.protected(prompt_len))
+        if budget in self.thresholds:
+            selection = replace(selection, threshold=self.thresholds[budget])
         if isinstance(self.press, DecodeTimePress):
             # One rule for the whole sequence (as published): the prompt keeps the policy's window too.
             policy = self.press.decode_policy
@@ -257,7 +291,9 @@ class Compressor:
         ids = self.encode(prompt)
         budgets = self.layer_budgets(self.budget, ids.shape[1])
         fits = all(budget >= ids.shape[1] for budget in budgets)
-        if self.streamed and self.press.streamable and not fits:
+        selection = self._selection(ids.shape[1], self.budget)
+        matched = selection.head_budget == "threshold" and selection.threshold is None  # needs every layer
+        if self.streamed and self.press.streamable and not fits and not matched:
             return self._compress_streamed(ids, budgets)
         with_scores = not fits or self.decode_policy is not None
         return self.evict(self._score(ids, with_scores=with_scores), in_place=True)

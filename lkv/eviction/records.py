@@ -54,6 +54,15 @@ class CompressedPrompt:
             return [self.prompt_len] * len(self.layer_budgets)
         return [int((index >= 0).sum()) / index.shape[1] for index in self.kept]
 
+    @property
+    def kept_std(self) -> float:
+        """Standard deviation (population) of the cached prompt entries over every (layer, KV head): 0 when all
+        keep the same count; head budgets other than ``equal`` and layer schedules spread them."""
+        if self.kept is None:
+            return 0.0
+        counts = torch.cat([(index >= 0).sum(dim=-1).flatten() for index in self.kept]).double()
+        return float(counts.std(correction=0))
+
 
 @dataclass
 class ScoredPrompt:
@@ -94,6 +103,8 @@ class Generation:
         kv_bytes_full, kv_bytes_kept: prompt K/V bytes before and after eviction.
         prefill_s, eviction_s, question_s, decode_s: seconds per phase (``question_s``: appending the
             question to a compressed context, 0 when question-aware).
+        kept_std: the spread of the cached prompt entries over every (layer, KV head)
+            (:attr:`CompressedPrompt.kept_std`).
         cache_lengths: the most entries per KV head any layer held before decoding, then after each generated
             token's forward pass (and the decode-time policy's eviction, if any).
     """
@@ -109,6 +120,7 @@ class Generation:
     eviction_s: float
     question_s: float = 0.0
     decode_s: float = 0.0
+    kept_std: float = 0.0
     cache_lengths: list[int] = field(default_factory=list)
 
     @property
@@ -156,5 +168,6 @@ def answer_record(
         eviction_s=compressed.eviction_s,
         question_s=question_s,
         decode_s=decode_s,
+        kept_std=compressed.kept_std,
         cache_lengths=list(cache_lengths),
     )

@@ -17,10 +17,17 @@ How a layer's budget is spread over its KV heads (``head_budget``):
   across the heads of a layer as they are, as AdaKV and kvpress's ``AdaKVPress`` do: the attention-based
   presses give each head a distribution over the prompt (the capture normalises each head's attention), so
   they compare as they stand; for other presses the scale is the method's own (KeyDiff: cosine distances).
+- ``threshold`` (KVzap's and kvpress's ``DMSPress``: keep what scores above a threshold): every (layer, KV
+  head, position) whose normalised score (:func:`normalised_scores`) is at least ``threshold`` is kept, with
+  the protected positions and each head's top entry (a head with no entry has nothing to attend to), so the
+  kept counts vary per head, per layer and per prompt; the budget ``C`` plays no part in the selection. A
+  threshold matching a mean budget ``C`` over a suite's prompts is calibrated by
+  :func:`lkv.eviction.threshold.calibrate_threshold`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -83,18 +90,42 @@ def union(scores: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Ten
     ).amax(dim=0)
 
 
-HeadBudget = Literal["equal", "adaptive"]
-HEAD_BUDGETS: tuple[str, ...] = ("equal", "adaptive")
+HeadBudget = Literal["equal", "adaptive", "threshold"]
+HEAD_BUDGETS: tuple[str, ...] = ("equal", "adaptive", "threshold")
 SAFEGUARD = 0.2
 """AdaKV's ``alpha_safeguard``: the share of ``C`` every head keeps whatever the other heads' scores."""
 
 
-def check_head_budget(head_budget: str, safeguard: float) -> None:
-    """Raise a clear error unless ``head_budget`` is one of :data:`HEAD_BUDGETS` and ``0 ≤ safeguard ≤ 1``."""
+def check_head_budget(head_budget: str, safeguard: float, threshold: float | None = None) -> None:
+    """Raise a clear error unless ``head_budget`` is one of :data:`HEAD_BUDGETS`, ``0 ≤ safeguard ≤ 1`` and
+    ``threshold`` is ``None`` or a finite number."""
     if head_budget not in HEAD_BUDGETS:
         raise ValueError(f"head_budget must be one of {', '.join(HEAD_BUDGETS)}; got {head_budget!r}")
     if not 0 <= safeguard <= 1:
         raise ValueError(f"safeguard must be in [0, 1] (a share of the per-head budget), got {safeguard}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite log-score (0: the uniform share), got {threshold}")
+
+
+def normalised_scores(scores: torch.Tensor) -> torch.Tensor:
+    """Scores made comparable across heads, layers and prompt lengths: ``log(S · p)``, same shape ``(..., S)``.
+
+    ``p`` is each row's share of its finite scores (``+inf``, a method's always-kept positions, are left out
+    and stay ``+inf``): non-negative scores are read as mass, ``p = s / Σ s`` (the attention-based presses,
+    LookaheadKV and the probe give a distribution already, so ``p = s``); a row with a negative score is read
+    as logits, ``p = softmax(s)`` (KeyDiff). ``S · p`` is the mass relative to a uniform share, so ``0`` on
+    this log scale means "as much as the average token" whatever ``S``; for the probe ``log(S · p)`` is its
+    logit less the row's log-mean-exp, the log-score KVzap thresholds. Zero mass gives ``−inf``.
+    """
+    always = torch.isposinf(scores)
+    finite = scores.masked_fill(always, 0.0)
+    signed = (finite < 0).any(dim=-1, keepdim=True)
+    log_mass = torch.where(
+        signed,
+        torch.log_softmax(scores.masked_fill(always, float("-inf")), dim=-1),
+        finite.log() - finite.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(finite.dtype).tiny).log(),
+    )
+    return (log_mass + math.log(scores.shape[-1])).masked_fill(always, float("inf"))
 
 
 def safeguarded(budget: int, safeguard: float) -> int:
@@ -116,9 +147,12 @@ class Selection:
         sink, recent: the first ``sink`` and last ``recent`` prompt positions are always kept (they count
             against the budget).
         kernel, pooling: optional 1-D pooling of the finite scores (:data:`POOLING_MODES`, odd kernel; 1 = none).
-        head_budget: ``equal`` (every KV head keeps ``C``, the paper's) or ``adaptive`` (AdaKV; see the module
-            docstring).
+        head_budget: ``equal`` (every KV head keeps ``C``, the paper's), ``adaptive`` (AdaKV) or ``threshold``
+            (KVzap's DMS; see the module docstring).
         safeguard: under ``adaptive``, the share of ``C`` every head keeps (AdaKV's ``alpha_safeguard``).
+        threshold: under ``threshold``, the least normalised score kept (:func:`normalised_scores`, log scale);
+            ``None``: matched to the budget on each prompt itself (the prompt keeps ``C`` entries per layer and
+            KV head on average: :class:`~lkv.eviction.compressor.Compressor` calibrates it before selecting).
     """
 
     sink: int = 0
@@ -127,12 +161,13 @@ class Selection:
     pooling: str = "max"
     head_budget: HeadBudget = "equal"
     safeguard: float = SAFEGUARD
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.sink < 0 or self.recent < 0:
             raise ValueError(f"sink and recent must be ≥ 0, got sink={self.sink}, recent={self.recent}")
         check_pooling(self.kernel, self.pooling)
-        check_head_budget(self.head_budget, self.safeguard)
+        check_head_budget(self.head_budget, self.safeguard, self.threshold)
 
     def protecting(self, sink: int, recent: int) -> Selection:
         """These settings, keeping at least ``sink`` leading and ``recent`` trailing positions (a method's own)."""
@@ -149,37 +184,40 @@ def select_indices(
     selection: Selection = DEFAULT_SELECTION,
     width: int | None = None,
 ) -> list[torch.Tensor]:
-    """Top-``C_l`` prompt positions per layer and KV head (``adaptive``: ``C_l · kv_heads`` per layer).
+    """Top-``C_l`` prompt positions per layer and KV head (``adaptive``: ``C_l · kv_heads`` per layer;
+    ``threshold``: every position whose normalised score passes the threshold, whatever ``C_l``).
 
     Args:
         scores: ``(1, layers, kv_heads, S)``, higher = keep; ``+inf`` marks positions a method always keeps.
         budgets: ``C_l`` per layer (derived from a :class:`~lkv.core.budget.Budget`); ``C_l ≥ S`` keeps the
-            whole layer.
+            whole layer. Not read under ``threshold`` (one per layer is still checked).
         selection: sink, recent window, pooling and how a layer's budget is spread over its heads.
-        width: under ``adaptive``, pad every layer's rows to this many slots (at least
-            :func:`adaptive_width`) instead of to its widest head's count.
+        width: under ``adaptive`` or ``threshold``, pad every layer's rows to this many slots (at least
+            :func:`adaptive_width` under ``adaptive``) instead of to its widest head's count.
 
     Returns:
         one ``(1, kv_heads, C_l)`` int64 tensor per layer, positions in ascending (original) order. Under
-        ``adaptive`` a layer's rows are as long as its widest head's count (or ``width``); a shorter head's row
-        ends in ``-1`` padding (gathered as masked slots: :func:`lkv.core.cache.gather_layer`).
+        ``adaptive`` and ``threshold`` a layer's rows are as long as its widest head's count (or ``width``); a
+        shorter head's row ends in ``-1`` padding (gathered as masked slots: :func:`lkv.core.cache.gather_layer`).
+        Layers may then differ in width: the compressed cache holds each layer at its own length
+        (:class:`lkv.core.cache.CompressedCache`).
     """
-    sink, recent, kernel, pooling = selection.sink, selection.recent, selection.kernel, selection.pooling
     if scores.ndim != 4 or scores.shape[0] != 1:
         raise ValueError(f"scores must be (1, layers, kv_heads, S), got shape {tuple(scores.shape)}")
     num_layers, prompt_len = scores.shape[1], scores.shape[3]
     if len(budgets) != num_layers:
         raise ValueError(f"got {len(budgets)} layer budgets for {num_layers} layers")
-    scores = scores.float()
-    if torch.isnan(scores).any():
-        raise ValueError("scores contain NaN")
-    always = torch.isposinf(scores)
-    if kernel > 1:
-        # Pool finite scores only: a method's +inf (always kept) must not spread to its neighbours.
-        finite_max = scores.masked_fill(always, float("-inf")).amax(dim=-1, keepdim=True)
-        scores = pool_scores(torch.where(always, finite_max, scores), kernel, pooling)
+    if selection.head_budget == "threshold":
+        if selection.threshold is None:
+            raise ValueError(
+                "head_budget='threshold' needs a threshold here; calibrate one for the budget first "
+                "(lkv.eviction.threshold.calibrate_threshold)"
+            )
+        keep = threshold_scores(scores, selection) >= selection.threshold
+        return [padded_rows(keep[:, layer], width) for layer in range(num_layers)]
+    scores, own = _pooled(scores, selection)
     positions = torch.arange(prompt_len, device=scores.device)
-    always = always | (positions < sink) | (positions >= prompt_len - recent)
+    always = own | _window(prompt_len, selection, scores.device)
     ranked = scores.masked_fill(always, float("inf"))
     order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices
     protected_count = always.sum(dim=-1).amax(dim=-1)  # (1, layers): the most any head of a layer must keep
@@ -202,6 +240,39 @@ def select_indices(
     return kept
 
 
+def threshold_scores(scores: torch.Tensor, selection: Selection) -> torch.Tensor:
+    """What ``threshold`` selection compares with ``selection.threshold``: ``scores (..., S)`` pooled as the
+    selector pools, then :func:`normalised_scores`, same shape; ``+inf`` on the positions kept whatever the
+    threshold (the method's own, ``selection``'s sink and recent window, and each row's best entry, the
+    earliest on a tie)."""
+    pooled, own = _pooled(scores, selection)
+    normalised = normalised_scores(pooled.masked_fill(own, float("inf")))
+    best = normalised.argmax(dim=-1, keepdim=True)  # the first of the row's highest
+    always = _window(scores.shape[-1], selection, scores.device).expand_as(normalised).clone()
+    always.scatter_(-1, best, True)
+    return normalised.masked_fill(always, float("inf"))
+
+
+def _pooled(scores: torch.Tensor, selection: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scores (..., S)`` as float32, pooled (:attr:`Selection.kernel`) over their finite values, and where
+    they were ``+inf`` (a method's always-kept positions), same shape."""
+    scores = scores.float()
+    if torch.isnan(scores).any():
+        raise ValueError("scores contain NaN")
+    own = torch.isposinf(scores)
+    if selection.kernel > 1:
+        # Pool finite scores only: a method's +inf (always kept) must not spread to its neighbours.
+        finite_max = scores.masked_fill(own, float("-inf")).amax(dim=-1, keepdim=True)
+        scores = pool_scores(torch.where(own, finite_max, scores), selection.kernel, selection.pooling)
+    return scores, own
+
+
+def _window(prompt_len: int, selection: Selection, device: torch.device) -> torch.Tensor:
+    """``(S,)`` bool: the first ``sink`` and last ``recent`` positions of :class:`Selection`."""
+    positions = torch.arange(prompt_len, device=device)
+    return (positions < selection.sink) | (positions >= prompt_len - selection.recent)
+
+
 def _adaptive(
     ranked: torch.Tensor, order: torch.Tensor, budget: int, safeguard: float, width: int | None
 ) -> torch.Tensor:
@@ -221,10 +292,17 @@ def _adaptive(
     flat = ranked.masked_fill(guaranteed, float("inf")).reshape(1, heads * prompt_len)
     chosen = torch.sort(flat, dim=-1, descending=True, stable=True).indices[:, : budget * heads]
     keep = torch.zeros_like(flat, dtype=torch.bool).scatter_(-1, chosen, True).reshape(ranked.shape)
-    counts = keep.sum(dim=-1)
-    widest = int(counts.max())
+    return padded_rows(keep, width)
+
+
+def padded_rows(keep: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """One layer's kept positions from its keep mask ``(1, kv_heads, S)`` bool → ``(1, kv_heads, W)`` int64,
+    ascending, each head's row padded with ``-1`` after its count; ``W`` is the widest head's count, or
+    ``width`` (which must fit it)."""
+    prompt_len = keep.shape[-1]
+    widest = int(keep.sum(dim=-1).max())
     if width is not None and width < widest:
         raise ValueError(f"width {width} is below the widest head's {widest} kept entries")
-    positions = torch.arange(prompt_len, device=ranked.device).expand_as(ranked)
+    positions = torch.arange(prompt_len, device=keep.device).expand_as(keep)
     rows = torch.where(keep, positions, prompt_len).sort(dim=-1).values[..., : width or widest]
     return rows.masked_fill(rows == prompt_len, -1)

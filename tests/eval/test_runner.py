@@ -355,6 +355,35 @@ def test_adaptive_head_budget_rows_match_the_compressor(tiny_llama, tiny_corpus,
             assert row["kv_fraction"] == expected.kv_bytes_kept / expected.kv_bytes_full
 
 
+def test_threshold_rows_sit_at_the_budget_on_average(tiny_llama, tiny_corpus, tmp_path):
+    """One threshold per (task, method, budget), calibrated on the task's prompts: the rows' mean kept entries
+    per (layer, KV head) is the budget within 1 %, each row recording its threshold and spread; a row is the
+    Compressor's answer with that threshold (streamed and two-phase alike)."""
+    model, tokenizer = tiny_llama
+    presses = {"snapkv": make_method("snapkv", window=4), "keydiff": make_method("keydiff")}
+    task = tiny_needle_task(tiny_corpus, lengths=(40, 60, 80), depths=(0.3, 0.7), max_new_tokens=3)
+    selection = Selection(head_budget="threshold")
+    for streamed in (False, True):
+        out = tmp_path / f"streamed-{streamed}"
+        rows = Evaluator(
+            model, tokenizer, presses, [12], ["aware", "agnostic"], out, False, streamed, selection=selection
+        ).run([task])
+        assert len(rows) == 2 * 6 * 2
+        for method in presses:
+            mine = [row for row in rows if row["method"] == method]
+            mean = sum(row["kept_tokens"] for row in mine) / len(mine)
+            assert mean == pytest.approx(12, rel=0.01)
+            assert len({row["threshold"] for row in mine}) == 1 and all(row["kept_std"] > 0 for row in mine)
+            assert len({row["kept_tokens"] for row in mine}) > 1  # budgets vary per prompt
+        row = next(r for r in rows if r["setting"] == "agnostic" and r["method"] == "keydiff")
+        sample = next(s for s in task.samples(tokenizer) if s.id == row["sample"])
+        context, question = encode_sample(sample, tokenizer)
+        chosen = Selection(head_budget="threshold", threshold=row["threshold"])
+        compressor = Compressor(model, tokenizer, presses["keydiff"], 12, chosen)
+        expected = compressor.answer(compressor.compress(context), question, Sampling(3))
+        assert row["answer_ids"] == expected.token_ids
+
+
 def test_baselines_first_then_the_adapter_rows_in_one_folder(tmp_path):
     # a run without lookaheadkv (adapter None) and a later one with it share the folder; the adapter is kept
     check_run(tmp_path, {"model": "m", "adapter": None})

@@ -195,6 +195,13 @@ def test_generate_command_head_budget(patched_backbone, capsys):
     assert "expected_attention, budget 16, adaptive head budgets," in err and "kept 16 tokens per head" in err
     with pytest.raises(SystemExit):
         lkv_main([*args, "--head_budget", "per-head"])
+    lkv_main([*args, "--method", "snapkv", "--head_budget", "threshold"])
+    assert "snapkv, budget 16, threshold matched to the budget," in capsys.readouterr().err
+    lkv_main([*args, "--method", "snapkv", "--head_budget", "threshold", "--threshold", "0.5"])
+    assert "snapkv, budget 16, threshold 0.5," in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lkv_main([*args, "--threshold", "0.5"])
+    assert "--threshold applies with --head_budget threshold" in capsys.readouterr().err
 
 
 def test_generate_command_errors(patched_backbone, tmp_path):

@@ -15,10 +15,11 @@ from lkv.eviction.presses import LookaheadKVPress
 from lkv.eviction.selector import Selection, adaptive_width, safeguarded, select_indices
 from tests.conftest import FAMILIES, build_tiny_model
 from tests.eviction.conftest import PROMPT_LEN, build_press, prompt
-from tests.reference import evicted_reference_logits, greedy_steps, keep_mask
+from tests.reference import check_decodes_as_masked, evicted_reference_logits, greedy_steps, keep_mask
 
 BUDGET = 12
 ADAPTIVE = Selection(head_budget="adaptive")
+THRESHOLD = Selection(head_budget="threshold", threshold=0.0)
 METHODS = ["snapkv", "h2o", "expected_attention", "keydiff", "kvzip", "lookaheadkv"]
 STREAMED = ["snapkv", "h2o", "expected_attention", "keydiff", "lookaheadkv"]
 
@@ -108,27 +109,20 @@ def test_adaptive_eviction_matches_masked_full_cache(model_and_tokenizer, method
     full_entry = compressed.kv_bytes_full // (len(widths) * PROMPT_LEN)  # bytes of one (layer, token) entry
     assert compressed.kv_bytes_kept == full_entry * sum(widths)  # what is allocated, padding included
 
-    tokens, got = greedy_steps(model, compressed.cache, compressed.next_logits, PROMPT_LEN, steps=4)
-    want = evicted_reference_logits(model, torch.cat([ids[0], tokens])[None], keep)
-    torch.testing.assert_close(got, want[PROMPT_LEN - 1 :], atol=1e-5, rtol=0)
-
-    # question-agnostic: a question appended to the compressed context, then decoded
-    question = torch.tensor([5, 6, 7, 8])
-    answer = compressor.answer(compressor.compress(ids), question, Sampling(max_new_tokens=4))
-    sequence = torch.cat([ids[0], question, torch.tensor(answer.token_ids[:-1])])[None]
-    reference = evicted_reference_logits(model, sequence, keep)[PROMPT_LEN + len(question) - 1 :]
-    assert answer.token_ids == reference.argmax(dim=-1).tolist()[: len(answer.token_ids)]
+    check_decodes_as_masked(model, compressor, compressed, ids, keep)
 
 
+@pytest.mark.parametrize("selection", [ADAPTIVE, THRESHOLD], ids=["adaptive", "threshold"])
 @pytest.mark.parametrize("method", STREAMED)
-def test_adaptive_streamed_equals_two_phase(tiny_model, method):
+def test_head_budget_streamed_equals_two_phase(tiny_model, method, selection):
+    """AdaKV, and a fixed threshold (KVzap's DMS, ragged across layers too)."""
     model, tokenizer = tiny_model
     press = build_press(method, model)
     model = press.base_model if isinstance(press, LookaheadKVPress) else model
     ids = prompt(model)
     for budget in (BUDGET, 0.5):
-        want = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE).compress(ids)
-        got = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE, streamed=True).compress(ids)
+        want = Compressor(model, tokenizer, press, budget, selection=selection).compress(ids)
+        got = Compressor(model, tokenizer, press, budget, selection=selection, streamed=True).compress(ids)
         for layer, (a, b) in enumerate(zip(got.kept, want.kept, strict=True)):
             assert torch.equal(a, b), f"budget {budget}, layer {layer}: other positions kept"
         for a, b in zip(got.cache.layers, want.cache.layers, strict=True):
@@ -136,8 +130,8 @@ def test_adaptive_streamed_equals_two_phase(tiny_model, method):
             assert torch.equal(a.keys, b.keys) and (mask_a is mask_b is None or torch.equal(mask_a, mask_b))
         sampling = Sampling(max_new_tokens=6)
         for question in (None, [5, 6, 7]):
-            streamed = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE, streamed=True)
-            two_phase = Compressor(model, tokenizer, press, budget, selection=ADAPTIVE)
+            streamed = Compressor(model, tokenizer, press, budget, selection=selection, streamed=True)
+            two_phase = Compressor(model, tokenizer, press, budget, selection=selection)
             assert (
                 streamed.generate(ids, sampling, question).token_ids
                 == two_phase.generate(ids, sampling, question).token_ids
