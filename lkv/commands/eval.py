@@ -17,10 +17,11 @@ from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_ke
 from lkv.eval.runner import Evaluator
 from lkv.eval.setup import SETTINGS, Setting
 from lkv.eval.tasks import Benchmark
+from lkv.eviction.names import HeadBudget, MethodName
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
-from lkv.eviction.registry import ADAPTER_METHOD, DEFAULT_METHODS, MethodName, roles_of
-from lkv.eviction.selector import HeadBudget, Selection
+from lkv.eviction.registry import ADAPTER_METHOD, DEFAULT_METHODS, roles_of
+from lkv.eviction.selector import Selection
 from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.export import resolve_adapter, resolve_probe

@@ -11,6 +11,7 @@ from lkv.core.chat import template_kwargs
 from lkv.core.context import Truncate
 from lkv.eval.results import adapter_method, fingerprint
 from lkv.eval.setup import Setting
+from lkv.eviction.names import HeadBudget
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
@@ -22,7 +23,6 @@ from lkv.eviction.registry import (
     make_method,
     roles_of,
 )
-from lkv.eviction.selector import HeadBudget
 
 # run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
 TEMPLATE_KEY = "chat_template_kwargs"

@@ -1,25 +1,13 @@
-"""`lkv generate`: compress one prompt's KV cache with any method and budget, then generate."""
+"""`lkv generate`: compress one prompt's KV cache with any method and budget, then generate.
+
+The signature's types are light; the settings' checks, torch and the model are imported once the options
+parsed (:mod:`lkv.commands.generate_run`), so `lkv generate --help` and an option error answer at once.
+"""
 
 from __future__ import annotations
 
-import sys
-
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from lkv.commands.generate_settings import GenerateSettings
-from lkv.core.chat import encode_context, encode_question
-from lkv.core.context import Truncate, fit_context, model_context
-from lkv.core.generation import Sampling
-from lkv.eviction.compressor import Compressor
-from lkv.eviction.presses import Press, ProbePress
-from lkv.eviction.presses.fused import FusionRule
-from lkv.eviction.presses.lookahead_settings import PresetName
-from lkv.eviction.presses.lookaheadkv import load_lookahead
-from lkv.eviction.registry import MethodName, make_method
-from lkv.eviction.selector import HeadBudget
-from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.probe import read_probe_config
-from lkv.train.export import resolve_adapter, resolve_probe
+from lkv.core.context import Truncate
+from lkv.eviction.names import FusionRule, HeadBudget, MethodName, PresetName
 
 
 def generate(
@@ -124,59 +112,8 @@ def generate(
             after it: ``error`` (refused, with both lengths), ``left`` (keep its last tokens) or ``middle``
             (keep its first and last halves). Checked before the prefill.
     """
-    run = GenerateSettings(**locals())
-    net, tokenizer, press = load_press(run)
-    compressor = Compressor(
-        net,
-        tokenizer,
-        press,
-        run.checked_budget,
-        run.selection,
-        streamed=streamed,
-        enable_thinking=enable_thinking,
-    )
-    if question is None:
-        ids = compressor.encode(run.text)[0].tolist()
-        asked = None
-    else:
-        ids = encode_context(tokenizer, run.text, enable_thinking)
-        asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
-    reserve = len(asked or []) + max_new_tokens
-    ids = fit_context(ids, reserve, model_context(net), truncate)
-    out = compressor.generate(
-        ids, Sampling(max_new_tokens, temperature, top_p, seed, tuple(stop or ())), asked
-    )
-    print(out.text)
-    heads = {"equal": "", "adaptive": ", adaptive head budgets"}.get(
-        head_budget, f", threshold {'matched to the budget' if threshold is None else threshold}"
-    )
-    print(
-        f"lkv generate [{method}, budget {run.checked_budget}{heads}, "
-        f"{out.prompt_tokens} prompt tokens]: {out.summary()}",
-        file=sys.stderr,
-    )
+    options = dict(locals())  # every option, before the imports below add their names
+    from lkv.commands.generate_run import generate_answer
+    from lkv.commands.generate_settings import GenerateSettings
 
-
-def load_press(run: GenerateSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Press]:
-    """The model, its tokenizer and ``run``'s press: a lookahead module with its settings (and fused probe), a
-    probe on its base model (``--model``, else the one its folder names, else the default), or a training-free
-    method on ``--model`` (default: the embedded one)."""
-    model, options = run.model, {"dtype": run.dtype, "attn_implementation": run.attn_implementation}
-    if run.adapter is not None:
-        press_probe = None if run.fused_probe is None else resolve_probe(run.fused_probe, model)
-        return load_lookahead(
-            resolve_adapter(run.adapter, model),
-            model,
-            run.dtype,
-            run.attn_implementation,
-            run.device,
-            run.lookahead,
-            press_probe,
-        )
-    if run.probe is not None:
-        folder = resolve_probe(run.probe, model)
-        base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
-        net, tokenizer = load_backbone(base, **options, device=run.device)
-        return net, tokenizer, ProbePress.from_folder(folder, net)
-    net, tokenizer = load_backbone(model or DEFAULT_MODEL, **options, device=run.device)
-    return net, tokenizer, make_method(run.method, **(run.press_args or {}))
+    generate_answer(GenerateSettings(**options))

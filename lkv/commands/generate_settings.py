@@ -9,11 +9,11 @@ from typing import Any
 from lkv.core.budget import Budget
 from lkv.core.context import Truncate
 from lkv.core.files import read_text
-from lkv.eviction.presses.fused import FusionRule
-from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings, PresetName
+from lkv.eviction.names import FusionRule, HeadBudget, MethodName, PresetName
+from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
-from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, MethodName, check_press_args, roles_of
-from lkv.eviction.selector import HeadBudget, Selection
+from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, check_press_args, roles_of
+from lkv.eviction.selector import Selection
 
 #: the flags that set a lookahead module's settings one key each (the rest go in ``--press_args``)
 LOOKAHEAD_FLAGS = (

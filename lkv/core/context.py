@@ -8,9 +8,10 @@ long, costly prefill. A prompt that does not fit is refused with both lengths, o
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from transformers import PreTrainedModel
+if TYPE_CHECKING:  # annotations only: `Truncate` types the CLI verbs, whose --help loads no transformers
+    from transformers import PreTrainedModel
 
 Truncate = Literal["error", "left", "middle"]
 TRUNCATE_POLICIES: tuple[str, ...] = ("error", "left", "middle")

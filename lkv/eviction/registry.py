@@ -193,8 +193,6 @@ _REGISTERED = (
 )
 METHODS: dict[str, Method] = {method.name: method for method in _REGISTERED}
 DEFAULT_METHODS: tuple[str, ...] = tuple(method.name for method in _REGISTERED if method.default)
-# The registered names as a type: the CLI lists them as the choices of `--method` / `--methods`.
-MethodName = Literal[tuple(METHODS)]
 
 
 def _only(**roles: object) -> str:

@@ -30,10 +30,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from lkv.eviction.names import HeadBudget
 
 POOLING_MODES = ("max", "avg", "avg_zero_pad")
 """1-D pooling modes: ``max``; ``avg`` over the real values under the kernel (at the prefix's edges fewer than
@@ -90,7 +91,6 @@ def union(scores: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Ten
     ).amax(dim=0)
 
 
-HeadBudget = Literal["equal", "adaptive", "threshold"]
 HEAD_BUDGETS: tuple[str, ...] = ("equal", "adaptive", "threshold")
 SAFEGUARD = 0.2
 """AdaKV's ``alpha_safeguard``: the share of ``C`` every head keeps whatever the other heads' scores."""

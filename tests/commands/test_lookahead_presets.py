@@ -10,6 +10,7 @@ import torch
 
 import lkv.commands.eval
 import lkv.commands.generate
+import lkv.commands.generate_run
 import lkv.eviction.compressor
 import lkv.eviction.presses.lookaheadkv
 from lkv.cli import main as lkv_main
@@ -124,8 +125,8 @@ def no_model(monkeypatch):
         raise AssertionError("a model was loaded")
 
     for module, name in [
-        (lkv.commands.generate, "load_backbone"),
-        (lkv.commands.generate, "load_lookahead"),
+        (lkv.commands.generate_run, "load_backbone"),
+        (lkv.commands.generate_run, "load_lookahead"),
         (lkv.commands.eval, "load_backbone"),
         (lkv.commands.eval, "load_module"),
         (lkv.eviction.presses.lookaheadkv, "load_backbone"),

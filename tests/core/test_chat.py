@@ -139,12 +139,12 @@ def test_evaluator_prefills_prompts_rendered_with_thinking_off(thinking_tokenize
 
 
 def test_generate_command_renders_with_thinking_off_unless_asked(thinking_tokenizer, monkeypatch, capsys):
-    import lkv.commands.generate
+    import lkv.commands.generate_run
     from lkv.cli import main
 
     model, _ = build_tiny_model("qwen")
     monkeypatch.setattr(
-        lkv.commands.generate, "load_backbone", lambda name, **kw: (model, thinking_tokenizer)
+        lkv.commands.generate_run, "load_backbone", lambda name, **kw: (model, thinking_tokenizer)
     )
     encoded = []
     real = Compressor.encode

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import lkv.commands.generate
+import lkv.commands.generate_run
 import lkv.eviction.presses.lookaheadkv
 from lkv.cli import main as lkv_main
 from lkv.commands.generate import generate as generate_command
@@ -158,7 +158,7 @@ def patched_backbone(monkeypatch, tiny_llama):
         return model, tokenizer
 
     for module in (
-        lkv.commands.generate,
+        lkv.commands.generate_run,
         lkv.eviction.presses.lookaheadkv,
     ):  # the two places that load a model
         monkeypatch.setattr(module, "load_backbone", fake_load)
@@ -227,9 +227,9 @@ def test_generate_command_with_an_exported_adapter(
     generate_command(prompt="Foxes. " * 20, method="lookaheadkv", adapter=str(tmp_path / "adapter"), budget=8)
     assert "lookaheadkv, budget 8," in capsys.readouterr().err
     # --sentences wraps the module's press in a sentence share
-    presses, real = [], lkv.commands.generate.Compressor
+    presses, real = [], lkv.commands.generate_run.Compressor
     monkeypatch.setattr(
-        lkv.commands.generate,
+        lkv.commands.generate_run,
         "Compressor",
         lambda net, tok, press, *a, **k: presses.append(press) or real(net, tok, press, *a, **k),
     )

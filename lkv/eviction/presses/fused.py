@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
 from lkv.core.attention import AttentionCapture
+from lkv.eviction.names import FusionRule
 from lkv.eviction.presses.base import LayerScorer, Press, PressContext, StreamContext
 from lkv.eviction.selector import check_pooling, pool_scores, union
 
-FusionRule = Literal["mixture", "union"]
 RULES: tuple[str, ...] = get_args(FusionRule)
 """How :class:`FusedPress` combines its parts' scores (module docstring)."""
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
-from lkv.eviction.presses.fused import FusionRule, check_rule
+from lkv.eviction.names import FusionRule, PresetName
+from lkv.eviction.presses.fused import check_rule
 from lkv.eviction.presses.sentences import check_share
 from lkv.eviction.selector import check_pooling
 
@@ -226,9 +227,6 @@ def _first(part: str) -> str:
     """The flat key of ``part``'s first field (the one that switches a part with a None default on)."""
     return next(key for key, (p, _) in _FLAT.items() if p == part)
 
-
-PresetName = Literal["paper", "pooled", "long"]
-"""The names of :data:`PRESETS` (the choices of ``lkv generate --preset``)."""
 
 PRESETS: dict[str, LookaheadKVSettings] = {
     # the paper's selection: the module's scores unpooled, alone
