@@ -10,13 +10,15 @@ from __future__ import annotations
 import io
 import tokenize
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import edit_similarity, first_code_line
 from lkv.eval.tasks.text import draw_module, heldout_code, module_lines, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 INSTRUCTION = "Please complete the code given below. \n"
 QUESTION = "Next line of code:\n"

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.text import draw_module, heldout_code, module_lines, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # NAME = number of 2+ digits, then an optional comment (0, 1 and -1 are too easy to guess to tell retrieval
 # from luck). String literals were tried too: with the full cache SmolLM2-135M copied 3 of 3 numbers but

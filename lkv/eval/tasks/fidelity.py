@@ -8,13 +8,15 @@ token F1) between the two.
 from __future__ import annotations
 
 from collections import Counter
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import answer_agreement, rouge_l
 from lkv.eval.tasks.text import HeldoutEssays, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 INTRO = "Read the following essay excerpt."
 SUMMARY_QUESTIONS = (

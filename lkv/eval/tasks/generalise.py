@@ -28,19 +28,18 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Literal
 
 from lkv.core.chat import chat_parts
-from lkv.eval.paired import fullkv_solved
-from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 from lkv.labels.sources import HELDOUT_SOURCES, SOURCES, TextSource, make_source, source_roots
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 FAR = 1536  # measured distance (tokens) from which a needle counts as far
 NEAR = 1024  # ... up to which it counts as near
@@ -200,6 +199,10 @@ class GeneraliseTask(GeneratedTask):
 
     def _solved(self) -> set[str]:
         """Sample ids FullKV answered right in ``screened_by``."""
+        # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
+        from lkv.eval.paired import fullkv_solved
+        from lkv.eval.results import RESULTS_FILE, ResultsFile
+
         path = Path(self.screened_by)
         path = path / RESULTS_FILE if path.is_dir() else path
         if not path.is_file():

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import torch
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.core.budget import token_budgets
-from lkv.core.metrics import ranking_metrics
 from lkv.eval.tasks.base import Benchmark
-from lkv.labels.shards import load_labels, read_meta, row_scores, shard_rows
-from lkv.model.backbone import ModelSignature, check_compatible
+
+if (
+    TYPE_CHECKING
+):  # torch and the shards' readers load at run time, so `lkv eval --help` lists this task at once
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from lkv.model.backbone import ModelSignature
 
 
 @dataclass
@@ -54,16 +57,23 @@ class ImportanceTask(Benchmark):
 
     def check_model(self, signature: ModelSignature) -> None:
         """Refuse labels made with another model or tokenizer (their scores would not describe this one)."""
+        from lkv.labels.shards import read_meta
+        from lkv.model.backbone import ModelSignature, check_compatible
+
         meta = read_meta(self.folder)
         check_compatible(ModelSignature.from_dict(meta.model), signature, f"label folder {self.folder}")
 
     def __len__(self) -> int:
         """Labels that :meth:`samples` yields (counted from the shard footers)."""
+        from lkv.labels.shards import shard_rows
+
         rows = sum(count for _, count in shard_rows(self.folder))
         return rows if self.max_samples is None else min(rows, self.max_samples)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase | None = None) -> Iterator[LabelSample]:
         """The labels, read lazily (the prompts are already token ids, so no tokenizer is needed)."""
+        from lkv.labels.shards import load_labels, read_meta, row_scores
+
         meta = read_meta(self.folder)
         for index, row in enumerate(load_labels(self.folder)):
             if self.max_samples is not None and index >= self.max_samples:
@@ -82,6 +92,8 @@ class ImportanceTask(Benchmark):
             scores: ``(layers, kv_heads, S)`` a method's ranking (any monotone scale, ``+inf`` = always kept).
             target: ``(layers, kv_heads, S)`` ground truth.
         """
+        from lkv.core.metrics import ranking_metrics
+
         if scores.shape != target.shape:
             raise ValueError(f"scores {tuple(scores.shape)} and target {tuple(target.shape)} differ in shape")
         metrics = ranking_metrics(list(self.budgets), prefix="", kl=False).to(scores.device)

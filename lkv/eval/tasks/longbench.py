@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from lkv.eval.tasks.base import Sample, Task
 from lkv.eval.tasks.metrics import LONGBENCH_METRICS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 LongBenchDataset = Literal[
     "narrativeqa",

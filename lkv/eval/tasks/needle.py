@@ -7,13 +7,16 @@ answer prefix opening the model's turn. Keys are words of the held-out essays th
 
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.ruler import NIAH_NEEDLE, niah_wording
 from lkv.eval.tasks.text import HeldoutEssays, insert_at_depths, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 WORDING = niah_wording("numbers", singular=True)
 

@@ -17,15 +17,16 @@ answer prefix); the score is RULER's ``string_match_all`` over the asked values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Literal
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import HeldoutEssays, PydocProse, SentenceCorpus, insert_at_depths, rng_for
 from lkv.labels.facts import TRAIN_KEYS, distinct_values, fact_format, formats
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Distribution = Literal["in", "out"]
 HAYSTACKS = ("essays", "pydoc")

@@ -18,13 +18,15 @@ tasks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from lkv.core.chat import chat_parts
 from lkv.eval.tasks.base import Benchmark, Sample
 from lkv.eval.tasks.needle_families import NeedleFamilyTask
+
+if TYPE_CHECKING:  # torch loads at run time, so `lkv eval --help` lists this task at once
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 def value_positions(sample: Sample, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -59,6 +61,8 @@ def kept_share(kept: Sequence[torch.Tensor], positions: Sequence[int]) -> torch.
     """
     if not positions:
         raise ValueError("no value positions to look for")
+    import torch
+
     wanted = torch.tensor(list(positions), device=kept[0].device)
     hits = [torch.isin(index[0], wanted).sum(dim=-1) for index in kept]  # (kv_heads,) per layer
     return torch.stack(hits).float() / len(positions)

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Literal
 
 from lkv.eval.tasks.base import GeneratedTask, Sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import HeldoutEssays, Sentence, insert_at_depths, noise_haystack, rng_for
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 RulerName = Literal[
     "niah_single_1",

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TypeVar
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
 from lkv.labels.sources import pydoc_prose, split_sentences
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
 T = TypeVar("T")
