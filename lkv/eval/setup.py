@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -14,15 +14,13 @@ from lkv.core.budget import Budget
 from lkv.core.clock import clock
 from lkv.core.context import Truncate, model_context
 from lkv.eval.prefill import Prefilled
+from lkv.eval.prompt_settings import SETTINGS, Setting
 from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
 from lkv.eviction.records import Generation
 from lkv.eviction.registry import REFERENCE, roles_of
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection
-
-SETTINGS = ("aware", "agnostic")
-Setting = Literal["aware", "agnostic"]
 
 
 class EvalSetup:

@@ -6,6 +6,7 @@ from typing import get_args
 
 import pytest
 
+from lkv.eviction import names
 from lkv.eviction.decoding import DecodeTimePress
 from lkv.eviction.names import MethodName
 from lkv.eviction.presses import Press
@@ -35,6 +36,9 @@ def test_the_docs_table_is_generated_from_the_registry():
 def test_every_name_builds_its_method_and_the_cli_choices_are_the_names():
     assert get_args(MethodName) == tuple(METHODS)  # the light names list the registry, in its order
     assert set(DEFAULT_METHODS) <= set(METHODS) and "fullkv" in DEFAULT_METHODS
+    assert (
+        names.DEFAULT_METHODS == DEFAULT_METHODS
+    )  # the light default (`lkv eval --methods`) is the registry's
     for name, method in METHODS.items():
         if method.needs and name not in ("oracle",):
             continue  # lookaheadkv needs an adapter, speckv a draft model
