@@ -106,7 +106,7 @@ def test_the_inference_commands_load_no_lightning(tmp_path):
     """`lkv eval` and `lkv generate` import the checkpoint export (for a ``.ckpt``) but, given an adapter
     folder, never load Lightning: the LightningModules are imported only when a checkpoint is exported."""
     check = (
-        "import sys; import lkv.cli, lkv.commands.eval, lkv.commands.generate; "
+        "import sys; import lkv.cli, lkv.commands.eval_run, lkv.commands.generate_run; "
         "from lkv.train.export import resolve_adapter, resolve_probe; "
         f"resolve_adapter({str(tmp_path)!r}); resolve_probe({str(tmp_path)!r}); "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'pytorch_lightning'}))"

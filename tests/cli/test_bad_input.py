@@ -323,13 +323,14 @@ def test_a_bad_eval_budget_ends_before_any_model_loads(budgets, said, tmp_path, 
     """The command of configs/eval/niah.yaml with a bad `--budgets` (its task over the tiny essays): one
     `lkv eval: error:` line naming the budget, before any model loads or the output folder is made."""
     import lkv.commands.eval
+    import lkv.commands.eval_run
     from tests.conftest import ESSAYS, TINY_HELDOUT
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(lkv.commands.eval, "load_backbone", no_model)
-    monkeypatch.setattr(lkv.commands.eval, "load_module", no_model)
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", no_model)
+    monkeypatch.setattr(lkv.commands.eval_run, "load_module", no_model)
     essays = tmp_path / "essays"
     essays.mkdir()
     for name, text in ESSAYS.items():

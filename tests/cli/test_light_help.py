@@ -1,6 +1,6 @@
-"""`lkv label --help` and `lkv generate --help` answer without importing torch: the signatures' types are light
-(:mod:`lkv.eviction.names`), and the run's modules (torch, transformers, Lightning) are imported only once a run
-starts."""
+"""`lkv label --help`, `lkv generate --help` and `lkv eval --help` answer without importing torch: the signatures'
+types are light (:mod:`lkv.eviction.names`, :mod:`lkv.eval.prompt_settings`, the task classes), and the run's
+modules (torch, transformers, Lightning) are imported only once a run starts."""
 
 import subprocess
 import sys
@@ -11,7 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("verb", "flag"), [("label", "--response_tokens"), ("generate", "--head_budget")])
+@pytest.mark.parametrize(
+    ("verb", "flag"),
+    [("label", "--response_tokens"), ("generate", "--head_budget"), ("eval", "NeedleTokenTask")],
+)
 def test_help_imports_no_torch(verb, flag):
     check = (
         "import sys; from lkv.cli import main\n"

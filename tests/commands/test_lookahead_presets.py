@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lkv.commands.eval
+import lkv.commands.eval_run
 import lkv.commands.generate
 import lkv.commands.generate_run
 import lkv.eviction.compressor
@@ -127,8 +128,8 @@ def no_model(monkeypatch):
     for module, name in [
         (lkv.commands.generate_run, "load_backbone"),
         (lkv.commands.generate_run, "load_lookahead"),
-        (lkv.commands.eval, "load_backbone"),
-        (lkv.commands.eval, "load_module"),
+        (lkv.commands.eval_run, "load_backbone"),
+        (lkv.commands.eval_run, "load_module"),
         (lkv.eviction.presses.lookaheadkv, "load_backbone"),
     ]:
         monkeypatch.setattr(module, name, fail)

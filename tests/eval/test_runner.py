@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import lkv.commands.eval
+import lkv.commands.eval_run
 import lkv.eval.prefill
 import lkv.eval.run_end_task
 from lkv.core.budget import Budget
@@ -424,8 +425,8 @@ def test_a_lookahead_modules_settings_count_only_where_its_rows_are(tmp_path):
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
-    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
-    monkeypatch.setattr(lkv.commands.eval, "load_module", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(lkv.commands.eval_run, "load_module", lambda *a, **k: pytest.fail("loaded a model"))
     with pytest.raises(ValueError, match=r"decode-time methods \['quest'\] keep equal budgets"):
         lkv.commands.eval.evaluate(
             [], methods=("snapkv", "quest"), head_budget="adaptive", output=str(tmp_path)
@@ -472,7 +473,7 @@ def snapkv_run(corpus, out, **extra) -> dict:
 def test_an_interrupted_eval_reports_its_rows_so_far_and_resumes(
     tiny_llama, tiny_corpus, tmp_path, monkeypatch, stop
 ):
-    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", lambda *a, **k: tiny_llama)
     run_chunk = EndTaskRun._run_chunk
 
     def stop_after_first_chunk(self, task, units):
@@ -507,7 +508,7 @@ def test_a_resumed_eval_that_adds_no_row_leaves_the_report_alone(
 ):
     """Rerunning a finished command rewrites neither report.md nor the TensorBoard event files (whose names and
     wall times would change: churn in a committed folder); a missing report is written again."""
-    monkeypatch.setattr(lkv.commands.eval, "load_backbone", lambda *a, **k: tiny_llama)
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", lambda *a, **k: tiny_llama)
     out = tmp_path / "eval"
     args = snapkv_run(tiny_corpus, out)
     assert "report:" in lkv.commands.eval.evaluate(**args)
@@ -754,9 +755,11 @@ def test_a_module_fused_with_the_probe_scores_beside_both_on_one_prefill(tiny_co
     )
     prefills = []
     monkeypatch.setattr(lkv.eval.prefill, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
-    built, real_press = [], lkv.commands.eval.lookahead_press
+    built, real_press = [], lkv.commands.eval_run.lookahead_press
     monkeypatch.setattr(
-        lkv.commands.eval, "lookahead_press", lambda *a, **k: built.append(real_press(*a, **k)) or built[-1]
+        lkv.commands.eval_run,
+        "lookahead_press",
+        lambda *a, **k: built.append(real_press(*a, **k)) or built[-1],
     )
     task = tiny_needle_task(tiny_corpus)
     folder = str(tmp_path / "adapter")
