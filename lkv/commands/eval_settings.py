@@ -9,8 +9,8 @@ from typing import Any
 from lkv.core.budget import Budget
 from lkv.core.chat import template_kwargs
 from lkv.core.context import Truncate
-from lkv.eval.results import adapter_method, fingerprint
 from lkv.eval.prompt_settings import Setting
+from lkv.eval.results import adapter_method, fingerprint
 from lkv.eviction.names import HeadBudget
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
