@@ -26,6 +26,7 @@ import io
 import json
 import os
 import shutil
+import signal
 from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -41,6 +42,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lkv.core.progress import interactive
 from lkv.train.base import ImportanceModule
@@ -284,6 +286,22 @@ def lightning_main(args: list[str]) -> None:
     :class:`~lkv.train.base.ImportanceModule` given as ``model: {class_path: ..., init_args: ...}``.
     """
     by_class = names_module_class(args)
+    try:
+        _lightning_cli(args, by_class)
+    except SystemExit as exit_:
+        # Lightning ends a fit stopped by SIGTERM with SIGTERMException (exit status 0, as if it had finished)
+        # and one stopped by Ctrl-C with sys.exit(1) raised while handling the KeyboardInterrupt. A scheduler
+        # must see a pre-empted job as stopped, and the entry point prints what was kept and how to resume:
+        # give both back as the signal they were.
+        if isinstance(exit_, SIGTERMException):
+            raise SystemExit(128 + signal.SIGTERM) from None
+        if isinstance(exit_.__context__, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        raise
+
+
+def _lightning_cli(args: list[str], by_class: bool) -> None:
+    """LightningCLI over ``args``: the module class (or, ``by_class``, any ImportanceModule) and lkv's defaults."""
     LookaheadCLI(
         ImportanceModule if by_class else LookaheadKVModule,
         LabelDataModule,
