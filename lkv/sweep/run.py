@@ -42,12 +42,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lkv.sweep.grid import grid_points, point_name
-from lkv.sweep.launch import launch_points, parse_launcher
-from lkv.sweep.points import EVAL_PREFIX, RESULT_FILE, check_point_configs, run_point, set_key
-from lkv.sweep.summary import collect_results, summarize_points, write_sessions
-from lkv.train.cli import resolved_fit_config
-
 
 def run_sweep(
     base: str,
@@ -100,6 +94,14 @@ def run_sweep(
         FileNotFoundError: the base or eval config is missing, or (``summarize``) points have no result.
         ValueError: ``eval.`` grid keys without an ``eval_config``, or a bad ``launcher`` field.
     """
+    # imported here, not at the top: the signature and this docstring are `lkv sweep --help`, which then
+    # answers without loading torch, Lightning, submitit or matplotlib
+    from lkv.sweep.grid import grid_points, point_name
+    from lkv.sweep.launch import launch_points, parse_launcher
+    from lkv.sweep.points import EVAL_PREFIX, RESULT_FILE, check_point_configs, run_point, set_key
+    from lkv.sweep.summary import collect_results, summarize_points, write_sessions
+    from lkv.train.cli import resolved_fit_config
+
     base_path = Path(base)
     if not base_path.is_file():
         raise FileNotFoundError(f"sweep base config {base!r} not found")

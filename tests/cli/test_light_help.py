@@ -1,5 +1,5 @@
-"""`lkv label --help`, `lkv generate --help` and `lkv eval --help` answer without importing torch: the signatures'
-types are light (:mod:`lkv.eviction.names`, :mod:`lkv.eval.prompt_settings`, the task classes), and the run's
+"""`lkv label --help`, `lkv generate --help`, `lkv eval --help` and `lkv sweep --help` answer without importing
+torch: the signatures' types are light (:mod:`lkv.eviction.names`, :mod:`lkv.eval.prompt_settings`, the task classes), and the run's
 modules (torch, transformers, Lightning) are imported only once a run starts."""
 
 import subprocess
@@ -13,7 +13,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     ("verb", "flag"),
-    [("label", "--response_tokens"), ("generate", "--head_budget"), ("eval", "NeedleTokenTask")],
+    [
+        ("label", "--response_tokens"),
+        ("generate", "--head_budget"),
+        ("eval", "NeedleTokenTask"),
+        ("sweep", "--allow_partial"),
+    ],
 )
 def test_help_imports_no_torch(verb, flag):
     check = (
