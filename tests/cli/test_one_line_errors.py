@@ -209,6 +209,79 @@ CASES: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
         lambda root: label_args(root, root / "labels", root / "prompts.jsonl", response_tokens=0),
         [r"--response_tokens: expected a positive number, found 0"],
     ),
+    # more settings of every verb
+    "sweep-missing-base": (
+        lambda root: ["sweep", "--base", str(root / "none.yaml"), "--grid", "{model.num_lookahead: [2]}"],
+        [r"sweep base config '\S+none\.yaml' not found"],
+    ),
+    "sweep-eval-key-without-eval-config": (
+        lambda root: sweep_with_grid(root, {"eval.budgets": [[4]]}),
+        [r"grid keys \['eval\.budgets'\] need an eval_config"],
+    ),
+    "sweep-bad-launcher-field": (
+        lambda root: [*sweep_with_grid(root, {"model.num_lookahead": [2]}), "--launcher", "{gpus: 2}"],
+        [r"launcher", r"gpus"],
+    ),
+    "eval-unknown-method": (
+        lambda root: ["eval", "--tasks", "[]", "--methods", "[snapkv, nosuch]"],
+        [r"methods", r"nosuch"],
+    ),
+    "eval-unknown-task-class": (
+        lambda root: ["eval", "--tasks", "[{class_path: lkv.eval.tasks.NoSuchTask}]"],
+        [r'"tasks"', r"NoSuchTask"],
+    ),
+    "eval-press-args-of-an-unknown-method": (
+        lambda root: [
+            "eval",
+            "--tasks",
+            "[]",
+            "--methods",
+            "[snapkv]",
+            "--press_args",
+            "{nosuch: {window: 4}}",
+        ],
+        [r"press_args", r"nosuch"],
+    ),
+    "eval-unknown-head-budget": (
+        lambda root: ["eval", "--tasks", "[]", "--head_budget", "sideways"],
+        [r'"head_budget"', r"sideways"],
+    ),
+    "generate-missing-prompt-file": (
+        lambda root: ["generate", "--prompt_file", str(root / "none.txt")],
+        [r"none\.txt"],
+    ),
+    "generate-missing-adapter-folder": (
+        lambda root: [
+            "generate",
+            "--prompt",
+            "alpha",
+            "--method",
+            "lookaheadkv",
+            "--adapter",
+            str(root / "none"),
+        ],
+        [r"\S+none"],
+    ),
+    "generate-unknown-truncate-policy": (
+        lambda root: ["generate", "--prompt", "alpha", "--truncate", "sideways"],
+        [r'"truncate"', r"sideways"],
+    ),
+    "generate-missing-model-folder": (
+        lambda root: ["generate", "--prompt", "alpha", "--model", str(root / "none")],
+        [r"\S+none"],
+    ),
+    "label-unknown-prompt-source": (
+        lambda root: ["label", "--output", str(root / "labels"), "--prompts", "NoSuchPrompts"],
+        [r'"prompts"', r"NoSuchPrompts"],
+    ),
+    "fit-missing-label-folder": (
+        lambda root: ["fit", "--config", str(root / "fit.yaml"), "--data.train", str(root / "none")],
+        [r"\S+none"],
+    ),
+    "bench-unknown-benchmark": (
+        lambda root: ["bench", "--which", "[nosuch]"],
+        [r"--which", r"nosuch"],
+    ),
     "eval-unknown-option": (
         lambda root: ["eval", "--tasks", "[]", "--budgetz", "4"],
         [r"unrecognized arguments: --budgetz"],
