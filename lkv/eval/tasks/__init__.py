@@ -13,6 +13,7 @@ from lkv.eval.tasks.fidelity import FidelityTask
 from lkv.eval.tasks.generalise import GeneraliseTask
 from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
+from lkv.eval.tasks.multi_question import MultiQuestionTask
 from lkv.eval.tasks.needle import NeedleTask
 from lkv.eval.tasks.needle_families import NeedleFamilyTask
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask
@@ -29,6 +30,7 @@ TASKS: dict[str, type[Benchmark]] = {
     "generalise": GeneraliseTask,
     "importance": ImportanceTask,
     "longbench": LongBenchTask,
+    "multi_question": MultiQuestionTask,
 }
 
 
@@ -50,6 +52,7 @@ __all__ = [
     "GeneraliseTask",
     "ImportanceTask",
     "LongBenchTask",
+    "MultiQuestionTask",
     "NeedleFamilyTask",
     "NeedleTask",
     "NeedleTokenTask",

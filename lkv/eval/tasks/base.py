@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lkv.core.chat import chat_parts
+from lkv.eval.prompt_settings import SETTINGS, Setting
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -78,6 +79,8 @@ class Benchmark(ABC):
 
     name: str = "benchmark"
     metric: str = "score"
+    #: the prompt settings it can run in (``lkv eval`` refuses the others before running anything)
+    supported_settings: tuple[Setting, ...] = SETTINGS
 
     @abstractmethod
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> Iterable[Any]:
