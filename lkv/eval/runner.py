@@ -34,9 +34,10 @@ from typing import Any
 
 from lkv.eval.run_end_task import EndTaskRun
 from lkv.eval.run_importance import run_importance
+from lkv.eval.run_multi_question import MultiQuestionRun
 from lkv.eval.run_needle_tokens import run_needle_tokens
 from lkv.eval.setup import EvalSetup
-from lkv.eval.tasks import Benchmark, ImportanceTask, Task
+from lkv.eval.tasks import Benchmark, ImportanceTask, MultiQuestionTask, Task
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask
 
 
@@ -45,11 +46,18 @@ def run_end_task(setup: EvalSetup, task: Task) -> None:
     EndTaskRun(setup).run(task)
 
 
+def run_multi_question(setup: EvalSetup, task: MultiQuestionTask) -> None:
+    """Every pending row of the multi-question task ``task``: each context compressed once per (method,
+    budget), then asked each question (:class:`~lkv.eval.run_multi_question.MultiQuestionRun`)."""
+    MultiQuestionRun(setup).run(task)
+
+
 #: benchmark kind → what runs it; a benchmark is run by the entry of the nearest class in its MRO
 RUNS: dict[type[Benchmark], Callable[[EvalSetup, Any], None]] = {
     Task: run_end_task,
     ImportanceTask: run_importance,
     NeedleTokenTask: run_needle_tokens,
+    MultiQuestionTask: run_multi_question,
 }
 
 
@@ -66,7 +74,19 @@ class Evaluator(EvalSetup):
     (its arguments: :class:`~lkv.eval.setup.EvalSetup`)."""
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
-        """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
+        """Run every benchmark (finished rows are skipped) and return all rows of the results file.
+
+        Raises:
+            ValueError: a benchmark cannot run in one of the settings (before anything runs).
+        """
+        benchmarks = list(benchmarks)
+        for benchmark in benchmarks:
+            refused = [s for s in self.settings if s not in benchmark.supported_settings]
+            if refused:
+                raise ValueError(
+                    f"task {benchmark.name}: runs only in the {', '.join(benchmark.supported_settings)} "
+                    f"setting, not {', '.join(refused)} (give settings: [{', '.join(benchmark.supported_settings)}])"
+                )
         for benchmark in benchmarks:
             run_of(benchmark)(self, benchmark)
         return self.results.rows
