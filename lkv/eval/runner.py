@@ -17,6 +17,8 @@ question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actua
 Settings (see :mod:`lkv.eval.tasks.base`): ``aware`` prefills context + question and compresses it all
 (the paper's protocol); ``agnostic`` compresses the context alone, then appends the question to the
 compressed cache. The tokens are identical, so the settings differ only in when compression happens.
+A multi-question task (:mod:`lkv.eval.tasks.multi_question`) runs question-agnostic only: each context is
+compressed once per (method, budget) and asked each of its questions from a copy (:mod:`lkv.eval.run_multi_question`).
 
 Output folder::
 

@@ -80,15 +80,32 @@ def test_bad_settings_are_refused(tiny_corpus, kwargs, message):
         tiny_task(tiny_corpus, **kwargs)
 
 
+def lookahead_press(model):
+    """A LookaheadKV press of a random (perturbed) 3-token module injected in ``model``."""
+    from lkv.eviction.presses import LookaheadKVPress
+    from lkv.model.lookahead import LookaheadAdapter
+    from tests.model.test_lookahead import perturb_lora
+
+    adapter = LookaheadAdapter.create(model, num_tokens=3, seed=1)
+    perturb_lora(adapter, seed=1)
+    return LookaheadKVPress(adapter)
+
+
+@pytest.mark.parametrize("kind", ["baselines", "lookaheadkv"])
 def test_each_answer_equals_compressing_once_and_asking_that_question_alone(
-    tiny_llama, tiny_corpus, tmp_path
+    tiny_llama, tiny_corpus, tmp_path, kind
 ):
     model, tokenizer = tiny_llama
     task = tiny_task(tiny_corpus)
-    methods = presses()
+    if kind == "baselines":
+        more = {"kvzip": make_method("kvzip"), "expected_attention": make_method("expected_attention")}
+        methods = {**presses(), **more}
+    else:
+        methods = {"fullkv": FullKVPress(), "lookaheadkv": lookahead_press(model)}
+        model = methods["lookaheadkv"].base_model
     rows = Evaluator(model, tokenizer, methods, BUDGETS, ["agnostic"], tmp_path, progress=False).run([task])
     samples = {s.id: s for s in task.samples(tokenizer)}
-    assert len(rows) == len(samples) * (1 + 4 * len(BUDGETS))  # FullKV; four methods × budgets
+    assert len(rows) == len(samples) * (1 + (len(methods) - 1) * len(BUDGETS))  # FullKV; the others × budgets
     for row in rows:
         sample = samples[row["sample"]]
         context, question = encode_sample(sample, tokenizer)
