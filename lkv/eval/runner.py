@@ -39,7 +39,7 @@ from lkv.eval.run_importance import run_importance
 from lkv.eval.run_multi_question import MultiQuestionRun
 from lkv.eval.run_needle_tokens import run_needle_tokens
 from lkv.eval.setup import EvalSetup
-from lkv.eval.tasks import Benchmark, ImportanceTask, MultiQuestionTask, Task
+from lkv.eval.tasks import Benchmark, ImportanceTask, MultiQuestionTask, Task, check_settings
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask
 
 
@@ -82,13 +82,7 @@ class Evaluator(EvalSetup):
             ValueError: a benchmark cannot run in one of the settings (before anything runs).
         """
         benchmarks = list(benchmarks)
-        for benchmark in benchmarks:
-            refused = [s for s in self.settings if s not in benchmark.supported_settings]
-            if refused:
-                raise ValueError(
-                    f"task {benchmark.name}: runs only in the {', '.join(benchmark.supported_settings)} "
-                    f"setting, not {', '.join(refused)} (give settings: [{', '.join(benchmark.supported_settings)}])"
-                )
+        check_settings(benchmarks, self.settings)
         for benchmark in benchmarks:
             run_of(benchmark)(self, benchmark)
         return self.results.rows

@@ -5,6 +5,8 @@ the report."""
 import pytest
 import torch
 
+import lkv.commands.eval
+import lkv.commands.eval_run
 import lkv.eval.run_multi_question
 from lkv.core.generation import Sampling
 from lkv.core.importance import response_importance
@@ -232,6 +234,15 @@ def test_the_question_aware_setting_is_refused_before_anything_runs(tiny_llama, 
     ):
         evaluator.run([tiny_task(tiny_corpus)])
     assert not evaluator.results.rows
+
+
+def test_lkv_eval_refuses_the_aware_setting_before_loading_a_model(tiny_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ValueError, match=r"multi_question: .*not aware \(give settings: \[agnostic\]\)"):
+        lkv.commands.eval.evaluate(
+            [tiny_task(tiny_corpus)], methods=("snapkv",), output=str(tmp_path / "out")
+        )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_finished_context_is_not_prefilled_again(tiny_llama, tiny_corpus, tmp_path, monkeypatch):

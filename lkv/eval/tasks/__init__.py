@@ -6,7 +6,7 @@ config each entry of ``tasks`` is ``{class_path: lkv.eval.tasks.NeedleTask, init
 
 from __future__ import annotations
 
-from lkv.eval.tasks.base import Benchmark, Sample, Task, encode_sample
+from lkv.eval.tasks.base import Benchmark, Sample, Task, check_settings, encode_sample
 from lkv.eval.tasks.code import CodeCompletionTask
 from lkv.eval.tasks.code_lookup import CodeLookupTask
 from lkv.eval.tasks.fidelity import FidelityTask
@@ -59,6 +59,7 @@ __all__ = [
     "RulerTask",
     "Sample",
     "Task",
+    "check_settings",
     "encode_sample",
     "make_task",
 ]

@@ -87,6 +87,23 @@ class Benchmark(ABC):
         """The benchmark's items in a fixed order (the tokenizer measures lengths in tokens)."""
 
 
+def check_settings(benchmarks: Iterable[Benchmark], settings: Iterable[str]) -> None:
+    """Refuse a run of a benchmark in a prompt setting it cannot run in (:attr:`Benchmark.supported_settings`).
+
+    Raises:
+        ValueError: naming the task, the settings it runs in and those refused.
+    """
+    settings = list(settings)
+    for benchmark in benchmarks:
+        refused = [s for s in settings if s not in benchmark.supported_settings]
+        if refused:
+            supported = ", ".join(benchmark.supported_settings)
+            raise ValueError(
+                f"task {benchmark.name}: runs only in the {supported} setting, not {', '.join(refused)} "
+                f"(give settings: [{supported}])"
+            )
+
+
 class Task(Benchmark):
     """An end task: builds :class:`Sample` objects and scores an answer."""
 
