@@ -15,7 +15,7 @@ from lkv.core.chat import template_reads_variables
 from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_keys
 from lkv.eval.runner import Evaluator
-from lkv.eval.tasks import Benchmark
+from lkv.eval.tasks import Benchmark, check_settings
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
 from lkv.eviction.registry import ADAPTER_METHOD, roles_of
@@ -31,6 +31,7 @@ PARTIAL_MARK = "**Partial report**"
 def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
     """Evaluate ``tasks`` with ``run``'s checked options (:func:`lkv.commands.eval.evaluate` gives each); returns
     the verb's closing line."""
+    check_settings(tasks, run.settings)  # before the model loads
     out = Path(run.output)
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])

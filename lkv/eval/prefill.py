@@ -9,9 +9,11 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from lkv.core.attention import AttentionCapture, ImportanceCapture
+from lkv.core.cache import cache_bytes
 from lkv.core.clock import clock
 from lkv.core.generation import prefill
 from lkv.eviction.presses import Press
+from lkv.eviction.records import ScoredPrompt
 
 
 @dataclass
@@ -27,6 +29,19 @@ class Prefilled:
     @property
     def prompt_len(self) -> int:
         return self.ids.shape[1]
+
+    def scored(self, scores: torch.Tensor | None = None, score_s: float = 0.0) -> ScoredPrompt:
+        """This prefill as a :class:`ScoredPrompt` with a method's ``(1, layers, kv_heads, S)`` ``scores``
+        (none: FullKV) that took ``score_s`` seconds; it shares the cache (evict it, not in place, to keep it)."""
+        return ScoredPrompt(
+            self.ids,
+            self.cache,
+            self.next_logits,
+            scores,
+            cache_bytes(self.cache),
+            self.seconds,
+            score_s,
+        )
 
 
 @torch.no_grad()

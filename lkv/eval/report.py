@@ -11,6 +11,8 @@
                                    tables, the importance table, links to the plots
     plots/<task>_<setting>.png     main metric vs budget, one line per method with error bars (FullKV dashed)
     plots/niah_heatmap_<setting>.png   needle depth × context length, one panel per method and budget
+    <task>/all rows                multi-question tasks: per context, whether every question was answered
+                                   (:mod:`lkv.eval.all_answered`), reported as a task of its own
     tensorboard/eval/<method>/     one run per method, tags ``<task>/<setting>/<metric>`` with the budget
                                    as the step (see :mod:`lkv.eval.tensorboard`)
 """
@@ -26,6 +28,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from lkv.eval.all_answered import all_answered_rows
 from lkv.eval.paired import comparison_markdown, paired_comparisons
 from lkv.eval.results import FULL, NO_BUDGET, budget_order
 from lkv.eval.stats import is_binary, mean_interval
@@ -137,7 +140,12 @@ def _pct_interval(entry: dict[str, Any] | None) -> str:
 
 
 #: ``meta`` keys the report breaks end-task scores down by, with their table titles
-BREAKDOWNS = {"family": "needle family", "length": "context length (tokens)"}
+BREAKDOWNS = {
+    "family": "needle family",
+    "length": "context length (tokens)",
+    "fact_kind": "fact kind",
+    "question_index": "question index",
+}
 
 
 def breakdown_tables(rows: Sequence[dict[str, Any]], key: str, methods: Sequence[str] = ()) -> list[str]:
@@ -326,6 +334,7 @@ def write_report(
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    rows = [*rows, *all_answered_rows(rows)]  # multi-question tasks: every question of a context answered
     summary = summarize(rows)
     write_csv(summary, folder / "summary.csv")
     comparisons = paired_comparisons(rows)

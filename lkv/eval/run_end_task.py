@@ -14,7 +14,7 @@ from lkv.core.context import fit_context
 from lkv.core.generation import crop_to
 from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
-from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, answer_request, decode_batch
+from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, Settled, answer_request, decode_batch
 from lkv.eval.prefill import Prefilled, shared_prefill
 from lkv.eval.results import FULL, ResultRow, budget_key
 from lkv.eval.setup import EvalSetup
@@ -113,8 +113,8 @@ class EndTaskRun:
                 unit.shared = self._prefill(unit)
                 self._other_methods(task, unit, batches)
         for unit, gen in self._full_answers(fresh):
-            unit.full = self._row(
-                task, unit.sample, unit.setting, REFERENCE, None, gen, gen.text, 0.0
+            unit.full = result_row(
+                self.setup, task, unit.sample, unit.setting, REFERENCE, None, gen, gen.text, 0.0
             ).as_json()
             if REFERENCE in self.setup.methods:
                 self.setup.results.add(unit.full)
@@ -215,7 +215,9 @@ class EndTaskRun:
         seconds = unit.scored[method].score_s if score_s is None else score_s
 
         def row(gen: Generation) -> ResultRow:
-            made = self._row(task, unit.sample, unit.setting, method, budget, gen, reference, seconds)
+            made = result_row(
+                self.setup, task, unit.sample, unit.setting, method, budget, gen, reference, seconds
+            )
             if add:
                 self.setup.results.add(made)
             return made
@@ -232,12 +234,12 @@ class EndTaskRun:
     ) -> AnswerRequest:
         """An answer to decode from ``scored`` evicted to ``budget`` (the kept entries gathered into a cache of
         its own); it ends once the task's score is settled (:attr:`Task.settles_at_full_score`)."""
-        settled = None
-        if task.settles_at_full_score:
-            sample = unit.sample
-            settled = lambda text: task.score(text, sample)[task.metric] >= 1.0  # noqa: E731
         return answer_request(
-            self.setup.model, compressor.evict(scored, budget), unit.appended, unit.sampling, settled
+            self.setup.model,
+            compressor.evict(scored, budget),
+            unit.appended,
+            unit.sampling,
+            settled_by(task, unit.sample),
         )
 
     def _generate(
@@ -251,51 +253,69 @@ class EndTaskRun:
 
     def _generate_streamed(self, method: str, unit: Unit, budget: Budget) -> Generation:
         """Compress ``unit``'s prompt to ``budget`` with layer-streamed eviction (its own prefill), then answer."""
-        own = self.setup.compressors[method]
-        compressor = Compressor(
-            self.setup.model,
-            self.setup.tokenizer,
-            own.press,
-            budget,
-            own.selection,
-            streamed=True,
-            thresholds=own.thresholds,
-        )
         ids = torch.tensor([unit.prompt], device=self.setup.full.device)
-        return compressor.generate(ids, unit.sampling, unit.appended or None)
-
-    def _row(
-        self,
-        task: Task,
-        sample: Sample,
-        setting: str,
-        method: str,
-        budget: Budget | None,
-        gen: Generation,
-        reference: str,
-        score_s: float,
-    ) -> ResultRow:
-        metrics = task.score(gen.text, sample, reference if task.needs_reference else None)
-        if roles_of(method).role != "reference":
-            metrics["fullkv_f1"] = answer_agreement(gen.text, reference)  # agreement with FullKV, every task
-        return ResultRow(
-            task=task.name,
-            sample=sample.id,
-            method=method,
-            budget=budget_key(budget),
-            setting=setting,
-            score=metrics[task.metric],
-            metrics=metrics,
-            prediction=gen.text,
-            answers=sample.answers,
-            answer_ids=gen.token_ids,
-            finish=gen.finish_reason,
-            prompt_tokens=gen.prompt_tokens,
-            kept_tokens=sum(gen.kept_per_layer) / len(gen.kept_per_layer),
-            kv_fraction=gen.kv_bytes_kept / gen.kv_bytes_full,
-            prefill_s=gen.prefill_s,
-            score_s=score_s,
-            decode_s=gen.question_s + gen.decode_s,
-            meta={k: v for k, v in sample.meta.items() if k != "all_classes"},
-            **self.setup.threshold_fields(method, budget, gen),
+        return streamed_compressor(self.setup, method, budget).generate(
+            ids, unit.sampling, unit.appended or None
         )
+
+
+def result_row(
+    setup: EvalSetup,
+    task: Task,
+    sample: Sample,
+    setting: str,
+    method: str,
+    budget: Budget | None,
+    gen: Generation,
+    reference: str,
+    score_s: float,
+) -> ResultRow:
+    """The result row of ``method``'s answer ``gen`` to ``sample`` (``reference``: the FullKV answer's text,
+    which fidelity tasks score against and every other method's ``fullkv_f1`` compares with)."""
+    metrics = task.score(gen.text, sample, reference if task.needs_reference else None)
+    if roles_of(method).role != "reference":
+        metrics["fullkv_f1"] = answer_agreement(gen.text, reference)  # agreement with FullKV, every task
+    return ResultRow(
+        task=task.name,
+        sample=sample.id,
+        method=method,
+        budget=budget_key(budget),
+        setting=setting,
+        score=metrics[task.metric],
+        metrics=metrics,
+        prediction=gen.text,
+        answers=sample.answers,
+        answer_ids=gen.token_ids,
+        finish=gen.finish_reason,
+        prompt_tokens=gen.prompt_tokens,
+        kept_tokens=sum(gen.kept_per_layer) / len(gen.kept_per_layer),
+        kv_fraction=gen.kv_bytes_kept / gen.kv_bytes_full,
+        prefill_s=gen.prefill_s,
+        score_s=score_s,
+        decode_s=gen.question_s + gen.decode_s,
+        meta={k: v for k, v in sample.meta.items() if k != "all_classes"},
+        **setup.threshold_fields(method, budget, gen),
+    )
+
+
+def settled_by(task: Task, sample: Sample) -> Settled | None:
+    """When an answer to ``sample`` may stop early: once it scores 1, where no further token can change that
+    (:attr:`Task.settles_at_full_score`); None: decode to ``max_new_tokens``."""
+    if not task.settles_at_full_score:
+        return None
+    return lambda text: task.score(text, sample)[task.metric] >= 1.0
+
+
+def streamed_compressor(setup: EvalSetup, method: str, budget: Budget) -> Compressor:
+    """A Compressor of ``method``'s press and selection that compresses to ``budget`` with layer-streamed
+    eviction (its own prefill, one layer's full K/V at a time)."""
+    own = setup.compressors[method]
+    return Compressor(
+        setup.model,
+        setup.tokenizer,
+        own.press,
+        budget,
+        own.selection,
+        streamed=True,
+        thresholds=own.thresholds,
+    )

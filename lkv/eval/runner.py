@@ -17,6 +17,8 @@ question-agnostic setting), i.e. s_GT of docs/design.md §1 for the answer actua
 Settings (see :mod:`lkv.eval.tasks.base`): ``aware`` prefills context + question and compresses it all
 (the paper's protocol); ``agnostic`` compresses the context alone, then appends the question to the
 compressed cache. The tokens are identical, so the settings differ only in when compression happens.
+A multi-question task (:mod:`lkv.eval.tasks.multi_question`) runs question-agnostic only: each context is
+compressed once per (method, budget) and asked each of its questions from a copy (:mod:`lkv.eval.run_multi_question`).
 
 Output folder::
 
@@ -34,9 +36,10 @@ from typing import Any
 
 from lkv.eval.run_end_task import EndTaskRun
 from lkv.eval.run_importance import run_importance
+from lkv.eval.run_multi_question import MultiQuestionRun
 from lkv.eval.run_needle_tokens import run_needle_tokens
 from lkv.eval.setup import EvalSetup
-from lkv.eval.tasks import Benchmark, ImportanceTask, Task
+from lkv.eval.tasks import Benchmark, ImportanceTask, MultiQuestionTask, Task, check_settings
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask
 
 
@@ -45,11 +48,18 @@ def run_end_task(setup: EvalSetup, task: Task) -> None:
     EndTaskRun(setup).run(task)
 
 
+def run_multi_question(setup: EvalSetup, task: MultiQuestionTask) -> None:
+    """Every pending row of the multi-question task ``task``: each context compressed once per (method,
+    budget), then asked each question (:class:`~lkv.eval.run_multi_question.MultiQuestionRun`)."""
+    MultiQuestionRun(setup).run(task)
+
+
 #: benchmark kind → what runs it; a benchmark is run by the entry of the nearest class in its MRO
 RUNS: dict[type[Benchmark], Callable[[EvalSetup, Any], None]] = {
     Task: run_end_task,
     ImportanceTask: run_importance,
     NeedleTokenTask: run_needle_tokens,
+    MultiQuestionTask: run_multi_question,
 }
 
 
@@ -66,7 +76,13 @@ class Evaluator(EvalSetup):
     (its arguments: :class:`~lkv.eval.setup.EvalSetup`)."""
 
     def run(self, benchmarks: Iterable[Benchmark]) -> list[dict[str, Any]]:
-        """Run every benchmark (finished rows are skipped) and return all rows of the results file."""
+        """Run every benchmark (finished rows are skipped) and return all rows of the results file.
+
+        Raises:
+            ValueError: a benchmark cannot run in one of the settings (before anything runs).
+        """
+        benchmarks = list(benchmarks)
+        check_settings(benchmarks, self.settings)
         for benchmark in benchmarks:
             run_of(benchmark)(self, benchmark)
         return self.results.rows

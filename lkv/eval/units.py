@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedModel
 
 from lkv.core.budget import Budget
-from lkv.core.cache import cache_bytes, token_bytes
+from lkv.core.cache import token_bytes
 from lkv.core.generation import Sampling
 from lkv.eval.prefill import Prefilled
 from lkv.eval.tasks import Sample
@@ -70,13 +70,4 @@ class Unit:
 
     def full_scored(self, scores: torch.Tensor | None = None, score_s: float = 0.0) -> ScoredPrompt:
         """The shared prefill as a :class:`ScoredPrompt` with a method's ``scores`` (none: FullKV)."""
-        shared = self.shared
-        return ScoredPrompt(
-            shared.ids,
-            shared.cache,
-            shared.next_logits,
-            scores,
-            cache_bytes(shared.cache),
-            shared.seconds,
-            score_s,
-        )
+        return self.shared.scored(scores, score_s)

@@ -55,6 +55,7 @@ def test_registry_builds_every_task():
         "fidelity",
         "importance",
         "longbench",
+        "multi_question",
     }
     assert isinstance(make_task("niah", lengths=[64]), NeedleTask)
     with pytest.raises(ValueError, match="unknown benchmark"):

@@ -6,13 +6,14 @@ config each entry of ``tasks`` is ``{class_path: lkv.eval.tasks.NeedleTask, init
 
 from __future__ import annotations
 
-from lkv.eval.tasks.base import Benchmark, Sample, Task, encode_sample
+from lkv.eval.tasks.base import Benchmark, Sample, Task, check_settings, encode_sample
 from lkv.eval.tasks.code import CodeCompletionTask
 from lkv.eval.tasks.code_lookup import CodeLookupTask
 from lkv.eval.tasks.fidelity import FidelityTask
 from lkv.eval.tasks.generalise import GeneraliseTask
 from lkv.eval.tasks.importance import ImportanceTask
 from lkv.eval.tasks.longbench import LongBenchTask
+from lkv.eval.tasks.multi_question import MultiQuestionTask
 from lkv.eval.tasks.needle import NeedleTask
 from lkv.eval.tasks.needle_families import NeedleFamilyTask
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask
@@ -29,6 +30,7 @@ TASKS: dict[str, type[Benchmark]] = {
     "generalise": GeneraliseTask,
     "importance": ImportanceTask,
     "longbench": LongBenchTask,
+    "multi_question": MultiQuestionTask,
 }
 
 
@@ -50,12 +52,14 @@ __all__ = [
     "GeneraliseTask",
     "ImportanceTask",
     "LongBenchTask",
+    "MultiQuestionTask",
     "NeedleFamilyTask",
     "NeedleTask",
     "NeedleTokenTask",
     "RulerTask",
     "Sample",
     "Task",
+    "check_settings",
     "encode_sample",
     "make_task",
 ]

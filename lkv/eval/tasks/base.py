@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lkv.core.chat import chat_parts
+from lkv.eval.prompt_settings import SETTINGS, Setting
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -78,10 +79,29 @@ class Benchmark(ABC):
 
     name: str = "benchmark"
     metric: str = "score"
+    #: the prompt settings it can run in (``lkv eval`` refuses the others before running anything)
+    supported_settings: tuple[Setting, ...] = SETTINGS
 
     @abstractmethod
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> Iterable[Any]:
         """The benchmark's items in a fixed order (the tokenizer measures lengths in tokens)."""
+
+
+def check_settings(benchmarks: Iterable[Benchmark], settings: Iterable[str]) -> None:
+    """Refuse a run of a benchmark in a prompt setting it cannot run in (:attr:`Benchmark.supported_settings`).
+
+    Raises:
+        ValueError: naming the task, the settings it runs in and those refused.
+    """
+    settings = list(settings)
+    for benchmark in benchmarks:
+        refused = [s for s in settings if s not in benchmark.supported_settings]
+        if refused:
+            supported = ", ".join(benchmark.supported_settings)
+            raise ValueError(
+                f"task {benchmark.name}: runs only in the {supported} setting, not {', '.join(refused)} "
+                f"(give settings: [{supported}])"
+            )
 
 
 class Task(Benchmark):

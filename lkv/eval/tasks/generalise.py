@@ -87,19 +87,31 @@ def value_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, value: st
     Raises:
         ValueError: ``value`` is not in the context exactly once.
     """
-    if sample.context.count(value) != 1:
-        raise ValueError(f"sample {sample.id}: {value!r} must occur once in the context")
-    context_ids, question_ids = encode_sample(sample, tokenizer)
+    context_tokens, after = context_distance(sample, tokenizer, value)
+    question_tokens = len(encode_sample(sample, tokenizer)[1])
+    return context_tokens + question_tokens, after + question_tokens
+
+
+def context_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[int, int]:
+    """``(context_tokens, distance)``: the context's length as :func:`encode_sample` tokenises it (chat
+    template opening included, ``enable_thinking`` off) and the number of its tokens after the one that holds
+    ``text``'s last character: how far back from the end of the context ``text`` sits.
+
+    Raises:
+        ValueError: ``text`` is not in the context exactly once.
+    """
+    if sample.context.count(text) != 1:
+        raise ValueError(f"sample {sample.id}: {text!r} must occur once in the context")
+    context_ids = encode_sample(sample, tokenizer)[0]
     prefix = chat_parts(tokenizer, False)[0] if sample.chat else ""
     encoded = tokenizer(
         prefix + sample.context, add_special_tokens=not sample.chat, return_offsets_mapping=True
     )
     if list(encoded["input_ids"]) != context_ids:
         raise ValueError(f"sample {sample.id}: the context tokenises differently with offsets")
-    end = len(prefix) + sample.context.index(value) + len(value)  # one past the value's last character
+    end = len(prefix) + sample.context.index(text) + len(text)  # one past the text's last character
     last = max(i for i, (start, stop) in enumerate(encoded["offset_mapping"]) if start < end and stop > start)
-    total = len(context_ids) + len(question_ids)
-    return total, total - (last + 1)
+    return len(context_ids), len(context_ids) - (last + 1)
 
 
 class GeneraliseTask(GeneratedTask):

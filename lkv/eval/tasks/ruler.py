@@ -11,6 +11,7 @@ not the whole prompt's.
 
 from __future__ import annotations
 
+import random
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -236,17 +237,7 @@ class RulerTask(GeneratedTask):
     # --- variable tracking --------------------------------------------------------------------------------
 
     def _vt(self, tokenizer, essays: HeldoutEssays, length: int, rng) -> Sample:
-        names: list[str] = []
-        while len(names) < self.num_chains * (self.num_hops + 1):
-            name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
-            if name not in names:
-                names.append(name)
-        chains = []
-        for c in range(self.num_chains):
-            chain_vars = names[c * (self.num_hops + 1) : (c + 1) * (self.num_hops + 1)]
-            lines = [f"VAR {chain_vars[0]} = {rng.randrange(10_000, 100_000)}"]
-            lines += [f"VAR {chain_vars[j + 1]} = VAR {chain_vars[j]}" for j in range(self.num_hops)]
-            chains.append(lines)
+        chains, names = variable_chains(rng, self.num_chains, self.num_hops)
         chain_tokens = sum(
             len(tokenizer(" " + line, add_special_tokens=False)["input_ids"]) for ch in chains for line in ch
         )
@@ -316,6 +307,24 @@ class RulerTask(GeneratedTask):
             answers=vocab[1:4],
             answer_prefix=FWE_ANSWER_PREFIX,
         )
+
+
+def variable_chains(rng: random.Random, num_chains: int, num_hops: int) -> tuple[list[list[str]], list[str]]:
+    """RULER's variable-tracking chains: ``(chains, names)``, each chain ``num_hops + 1`` assignment lines
+    (``VAR ABCDE = 12345``, then ``VAR FGHIJ = VAR ABCDE``, ...) and every chain's distinct 5-letter variable
+    names, chain by chain (the first chain's are ``names[: num_hops + 1]``)."""
+    names: list[str] = []
+    while len(names) < num_chains * (num_hops + 1):
+        name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+        if name not in names:
+            names.append(name)
+    chains = []
+    for c in range(num_chains):
+        chain_vars = names[c * (num_hops + 1) : (c + 1) * (num_hops + 1)]
+        lines = [f"VAR {chain_vars[0]} = {rng.randrange(10_000, 100_000)}"]
+        lines += [f"VAR {chain_vars[j + 1]} = VAR {chain_vars[j]}" for j in range(num_hops)]
+        chains.append(lines)
+    return chains, names
 
 
 def _largest_fitting(tokenizer, build, length: int, upper: int) -> int | None:
