@@ -26,6 +26,7 @@ from lkv.labels.prompts import (
     STDLIB_SOURCE,
     Prompt,
     PromptSource,
+    check_passage_counts,
     essay_documents,
     split_by_document,
     stdlib_documents,
@@ -116,12 +117,7 @@ class BuiltinPrompts(PromptSource):
     ) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        if num_prompts < 0:
-            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
-        if not 1 <= min_words <= max_words:
-            raise ValueError(
-                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
-            )
+        check_passage_counts(num_prompts, min_words, max_words)
         for name, value in (
             ("code_fraction", code_fraction),
             ("retrieval_fraction", retrieval_fraction),

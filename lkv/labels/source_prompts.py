@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterator
 
 from lkv.labels.facts import TRAIN_KEYS, training_formats
-from lkv.labels.prompts import Prompt, PromptSource
+from lkv.labels.prompts import Prompt, PromptSource, check_passage_counts
 from lkv.labels.sources import IN_SOURCES, draw_document, source_roots, train_doc_ids, training_sources
 
 
@@ -50,12 +50,7 @@ class SourcePrompts(PromptSource):
         seed: int = 0,
         roots: dict[str, str] | None = None,
     ) -> None:
-        if num_prompts < 0:
-            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
-        if not 1 <= min_words <= max_words:
-            raise ValueError(
-                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
-            )
+        check_passage_counts(num_prompts, min_words, max_words)
         self.roots = source_roots(roots)
         self._sources = training_sources(tuple(sources), self.roots)
         self._facts = training_formats(fact_formats)
