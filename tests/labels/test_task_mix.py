@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lkv.labels.facts import fact_format
+from lkv.labels.facts import FACT_FORMATS, fact_format
 from lkv.labels.gold import missed, reference_response
 from lkv.labels.sources import HELDOUT_SOURCES, document_split
 from lkv.labels.task_mix import TASKS, TaskMixPrompts
@@ -165,3 +165,20 @@ def test_gold_labelling_checks_and_states_every_asked_fact(roots, tiny_tokenizer
     reference = reference_response(prompt, content, tiny_tokenizer, end, 512)
     evidence = " ".join(a["evidence"] for a in prompt.meta["answers"])
     assert reference == tiny_tokenizer(evidence, add_special_tokens=False).input_ids + [end]
+
+
+def fixed_part(template: str) -> str:
+    """The longest stretch of a statement or question template outside its ``{key}``/``{value}`` slots."""
+    return max(re.split(r"\{key\}|\{value\}", template), key=len)
+
+
+def test_no_prompt_holds_an_evaluation_only_or_heldout_statement_or_question(roots):
+    texts = [p.messages[0]["content"] for p in make(roots, num_prompts=200)]
+    train = [f for f in FACT_FORMATS if f.side == "train"]
+    trained = {fixed_part(t) for f in train for t in (f.statement, *f.questions)}
+    for fmt in (f for f in FACT_FORMATS if f.side != "train"):
+        for template in (fmt.statement, *fmt.questions):
+            if fixed_part(template) not in trained:  # the reworded magic number shares the training statement
+                assert not any(fixed_part(template) in t for t in texts), (fmt.name, template)
+    used = {f.name for f in train if any(fixed_part(f.statement) in t for t in texts)}
+    assert used == {f.name for f in train}  # every train kind occurs, the ship names among them
