@@ -125,6 +125,10 @@ class TaskMixPrompts(PromptSource):
         self._sources = training_sources(tuple(sources), self.roots)
         self._code_sources: list[TextSource] = []
         if self.task_weights.get("code", 0) > 0:
+            if not code_sources:
+                raise ValueError(
+                    "code_sources must name a code source while task_weights gives 'code' a weight"
+                )
             self._code_sources = training_sources(tuple(code_sources), self.roots)
             prose = [s.name for s in self._code_sources if s.kind != "code"]
             if prose:

@@ -47,6 +47,7 @@ def test_label_config_parses_and_builds_its_prompts(path, capsys):
     built = parser.instantiate(parser.parse_args(["--config", str(path)]))  # checks the source's settings
     assert built.prompts.describe().startswith(printed["prompts"]["class_path"].rsplit(".", 1)[1])
 
+
 def test_the_general_recipe_trains_on_the_mix_labels_made_as_its_header_says(capsys):
     config = resolved_fit_config(GENERAL)
     label_config = ROOT / "configs" / "recipes" / "labels" / "general_smollm2.yaml"
@@ -56,7 +57,9 @@ def test_the_general_recipe_trains_on_the_mix_labels_made_as_its_header_says(cap
     assert config["model"]["probe"]["preset"] == "long"  # the joint fit of configs/long_smollm2.yaml
     # the header's spelled-out command is the label config's
     lines = header(GENERAL)
-    start = lines.index(next(line for line in lines if line.startswith(f"lkv label --output {from_file['output']}")))
+    start = lines.index(
+        next(line for line in lines if line.startswith(f"lkv label --output {from_file['output']}"))
+    )
     command = [lines[start]]
     for line in lines[start + 1 :]:
         if not line.startswith("--"):

@@ -130,6 +130,11 @@ def test_heldout_code_and_sources_that_are_not_code_are_refused_for_the_code_tas
         TaskMixPrompts(code_sources=("python-stdlib", "c-headers"))
     with pytest.raises(ValueError, match=r"code_sources: \['man-pages'\] are not code sources"):
         TaskMixPrompts(code_sources=("man-pages",))
+    with pytest.raises(
+        ValueError, match="code_sources must name a code source while task_weights gives 'code'"
+    ):
+        TaskMixPrompts(code_sources=())
+    assert TaskMixPrompts(code_sources=(), task_weights={"doc_qa": 1}).code_sources == ()
 
 
 @pytest.mark.parametrize("fmt", ["contact_name", "badge_code", "measurement", "passphrase"])
