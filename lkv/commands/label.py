@@ -18,11 +18,17 @@ from lkv.commands.label_settings import LabelSettings
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
 from lkv.labels.prompts import PromptSource
+from lkv.labels.task_mix import TaskMixPrompts
 from lkv.model.assets import DEFAULT_MODEL
 
 # The sources `--prompts` names by class name (jsonargparse looks among the PromptSource subclasses that
 # are imported); any other subclass is named by its import path, e.g. `--prompts my_package.MyPrompts`.
-PROMPT_SOURCES: tuple[type[PromptSource], ...] = (BuiltinPrompts, JsonlPrompts, HFDatasetPrompts)
+PROMPT_SOURCES: tuple[type[PromptSource], ...] = (
+    BuiltinPrompts,
+    TaskMixPrompts,
+    JsonlPrompts,
+    HFDatasetPrompts,
+)
 
 
 def label(
@@ -83,12 +89,13 @@ def label(
             — a module for question-agnostic compression. Needs prompts that name their question
             (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) and stored scores;
             prompts are labelled one at a time and responses are generated here.
-        gold_answers: where a prompt carries its expected answer (``BuiltinPrompts``' find_value facts, a
-            JSONL ``answer``) and the generated response misses it, teacher-force the sentence that states the
-            answer (a JSONL ``evidence``; else the answer itself) in its place, so the labels are the attention of a right answer
-            (:mod:`lkv.labels.gold`). A small labeller answers far facts wrong; experiments/reach/README.md,
-            section 12 measures the effect. Not where truncation cut the answer from the prompt. Aware
-            labels generated here only; recorded in ``meta.json``.
+        gold_answers: where a prompt carries its expected answer (``BuiltinPrompts``' find_value facts,
+            ``TaskMixPrompts``' asked facts, a JSONL ``answer``) and the generated response misses it,
+            teacher-force the sentence that states the answer (a JSONL ``evidence``; else the answer itself) in
+            its place, so the labels are the attention of a right answer (:mod:`lkv.labels.gold`). A small
+            labeller answers far facts wrong; experiments/reach/README.md, section 12 measures the effect. Not
+            where truncation cut the answer from the prompt. Aware labels generated here only; recorded in
+            ``meta.json``.
     """
     run = LabelSettings(**locals())  # every option, checked before anything heavy is imported
     from lkv.commands.label_predict import predict

@@ -13,20 +13,20 @@ import math
 import random
 import re
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lkv.labels.facts import TRAIN_KEYS, fact_format
-from lkv.labels.instructions import EXTRA_FAMILIES
+from lkv.labels.facts import TRAIN_KEYS, training_formats
+from lkv.labels.instructions import CODE_FAMILIES, FAMILIES, PROSE_FAMILIES, applies, write_instruction
 from lkv.labels.prompts import (
     DEFAULT_HELDOUT_FRACTION,
     ESSAY_SOURCE,
     STDLIB_SOURCE,
     Prompt,
     PromptSource,
+    check_passage_counts,
     essay_documents,
     split_by_document,
     stdlib_documents,
@@ -35,61 +35,16 @@ from lkv.labels.prompts import (
 #: The ``find_value`` fact formats of the default mix (:mod:`lkv.labels.facts`).
 DEFAULT_FACT_FORMATS = ("magic_number", "passcode", "vault_code")
 
-_SUMMARIZE = (
-    "Summarize the passage in three or four sentences.",
-    "Write a short summary of this text for someone who has not read it.",
-    "What are the main points of the passage? Answer with a short bulleted list.",
-    "In one paragraph, explain what the author is arguing here.",
-    "Give a one-sentence summary of the text, then list its key supporting points.",
-)
-_QUESTION_ABOUT = (
-    'What does the passage say about "{term}"?',
-    'According to the text, why does "{term}" matter? Quote the sentence that supports your answer.',
-    'Explain how the author uses the idea of "{term}" in this passage.',
-    'Find the part of the text that discusses "{term}" and restate it in your own words.',
-)
-_QUESTION_GENERAL = (
-    "What is the author's main claim in this passage, and what evidence is given for it?",
-    "Which example in the text best supports the author's argument? Explain why.",
-    "What question is the passage trying to answer, and what answer does it give?",
-)
-_EXTRACT_PROSE = (
-    "List every person, company and place named in the text.",
-    "Extract all numbers, dates and quantities in the passage, each with what it refers to.",
-    "List the distinct claims the author makes, one per line.",
-    "Make a bulleted list of the examples the author uses.",
-)
-_EXTRACT_CODE = (
-    "List every function and class defined in this code, with a one-line description of each.",
-    "List the modules and names this code imports or relies on.",
-    "Extract all string literals and constants in the code, with where each is used.",
-    "List the exceptions this code can raise and when.",
-)
-_CODE_ABOUT = (
-    "Explain what `{name}` does, step by step.",
-    "Write a docstring for `{name}` describing its arguments and return value.",
-    "How could `{name}` fail? Describe the edge cases a test should cover.",
-    "Write a short usage example that calls `{name}`.",
-)
-_CODE_GENERAL = (
-    "Explain what this code does.",
-    "Continue this code: write the next function it would plausibly contain.",
-    "Describe the purpose of this code and how its parts fit together.",
-    "Suggest changes that would make this code easier to read.",
-)
 _PROSE_INTROS = ("", "Read the following essay excerpt.", "Here is a passage from an essay by Paul Graham.")
 _CODE_INTROS = (
     "",
     "The following code is from the Python standard library module `{module}`.",
     "Here is an excerpt of `{module}`:",
 )
-_FAMILIES = {ESSAY_SOURCE: ("summarize", "question", "extract"), STDLIB_SOURCE: ("code", "extract")}
+_FAMILIES = {ESSAY_SOURCE: PROSE_FAMILIES, STDLIB_SOURCE: CODE_FAMILIES}
 # A sentence ends at . ! or ? (plus closing quotes/brackets) before a space, the end, or a capital letter:
 # the essays' paragraph breaks were lost in packaging, leaving "accelerating.We".
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$|[A-Z\[])")
-_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
-_TERM = re.compile(r"[A-Za-z][a-z]{6,}")
-_STOPWORDS = {"because", "through", "without", "something", "another", "anything", "between", "already"}
 
 
 @dataclass
@@ -162,12 +117,7 @@ class BuiltinPrompts(PromptSource):
     ) -> None:
         if split not in ("train", "heldout"):
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-        if num_prompts < 0:
-            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
-        if not 1 <= min_words <= max_words:
-            raise ValueError(
-                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
-            )
+        check_passage_counts(num_prompts, min_words, max_words)
         for name, value in (
             ("code_fraction", code_fraction),
             ("retrieval_fraction", retrieval_fraction),
@@ -186,15 +136,7 @@ class BuiltinPrompts(PromptSource):
         self.essays_dir = essays_dir
         self.stdlib_dir = stdlib_dir
         self.family_weights = _check_weights(family_weights, code_fraction)
-        if not fact_formats:
-            raise ValueError("fact_formats must name at least one fact format")
-        self._facts = [fact_format(name) for name in fact_formats]
-        untrained = [f.name for f in self._facts if f.side != "train"]
-        if untrained:
-            raise ValueError(
-                f"fact_formats {untrained} are evaluation-only (lkv.labels.facts side 'eval'): training prompts "
-                "must not contain them, or out-of-distribution needle results would be in-distribution"
-            )
+        self._facts = training_formats(fact_formats)
         self.fact_formats = tuple(fact_formats)
         low, high = fact_depths
         if not 0.0 <= low <= high <= 1.0:
@@ -302,10 +244,7 @@ class BuiltinPrompts(PromptSource):
             meta["evidence"] = evidence  # the sentence stating the answer (`lkv label --gold_answers`)
         else:
             kind = self._family(source, rng)
-            if kind in EXTRA_FAMILIES:
-                instruction = EXTRA_FAMILIES[kind].build("".join(units) if code else " ".join(units), rng)
-            else:
-                instruction = _instruction(kind, units, code, rng)
+            instruction = write_instruction(kind, "".join(units) if code else " ".join(units), code, rng)
         passage = "".join(units).rstrip() if code else " ".join(units)
         meta["words"] = len(passage.split())
         if code:
@@ -338,21 +277,19 @@ class BuiltinPrompts(PromptSource):
         the original families, drawn exactly as before the weights existed)."""
         if self.family_weights is None:
             return rng.choice(_FAMILIES[source])
-        names = [f for f in self.family_weights if _applies(f, source) and self.family_weights[f] > 0]
+        names = [
+            f
+            for f in self.family_weights
+            if applies(f, source == STDLIB_SOURCE) and self.family_weights[f] > 0
+        ]
         return rng.choices(names, weights=[self.family_weights[f] for f in names])[0]
-
-
-def _applies(family: str, source: str) -> bool:
-    if family in EXTRA_FAMILIES:
-        return EXTRA_FAMILIES[family].code if source == STDLIB_SOURCE else EXTRA_FAMILIES[family].prose
-    return family in _FAMILIES[source]
 
 
 def _check_weights(weights: dict[str, float] | None, code_fraction: float) -> dict[str, float] | None:
     """``family_weights`` validated: known families, weights ≥ 0, a positive one for every source in use."""
     if weights is None:
         return None
-    known = {*EXTRA_FAMILIES, *(f for fams in _FAMILIES.values() for f in fams)}
+    known = set(FAMILIES)
     unknown = sorted(set(weights) - known)
     if unknown:
         raise ValueError(f"family_weights: unknown families {unknown}; choose from {sorted(known)}")
@@ -361,7 +298,7 @@ def _check_weights(weights: dict[str, float] | None, code_fraction: float) -> di
         raise ValueError(f"family_weights: weights must be ≥ 0, got { ({f: weights[f] for f in negative}) }")
     used = [s for s, on in ((ESSAY_SOURCE, code_fraction < 1.0), (STDLIB_SOURCE, code_fraction > 0.0)) if on]
     for source in used:
-        if not any(w > 0 and _applies(f, source) for f, w in weights.items()):
+        if not any(w > 0 and applies(f, source == STDLIB_SOURCE) for f, w in weights.items()):
             raise ValueError(
                 f"family_weights gives no positive weight to a family that applies to {source} passages "
                 f"(code_fraction={code_fraction}); e.g. add {_FAMILIES[source][0]!r}"
@@ -416,23 +353,3 @@ def _as_unit(fact: str, units: list[str], position: int, code: bool) -> str:
     neighbour = units[position] if position < len(units) else units[-1]
     indent = neighbour[: len(neighbour) - len(neighbour.lstrip())] if neighbour.strip() else ""
     return f"{indent}# {fact}\n"
-
-
-def _instruction(kind: str, units: list[str], code: bool, rng: random.Random) -> str:
-    """An instruction of family ``kind`` about the passage ``units``."""
-    text = "".join(units) if code else " ".join(units)
-    if kind == "summarize":
-        return rng.choice(_SUMMARIZE)
-    if kind == "extract":
-        return rng.choice(_EXTRACT_CODE if code else _EXTRACT_PROSE)
-    if kind == "code":
-        names = sorted(set(_DEFINITION.findall(text)))
-        if names and rng.random() < 0.5:
-            return rng.choice(_CODE_ABOUT).format(name=rng.choice(names))
-        return rng.choice(_CODE_GENERAL)
-    # question: about one of the passage's most frequent long words, or a general one
-    counts = Counter(w.lower() for w in _TERM.findall(text) if w.lower() not in _STOPWORDS)
-    terms = [word for word, _ in counts.most_common(5)]
-    if terms and rng.random() < 0.7:
-        return rng.choice(_QUESTION_ABOUT).format(term=rng.choice(terms))
-    return rng.choice(_QUESTION_GENERAL)

@@ -6,15 +6,16 @@ number with its unit) and other question wordings — appear only in evaluation,
 measures whether a lookahead module learned retrieval rather than the training format. ``heldout`` formats
 (multi-token personal names, badge codes) are evaluation-only too and, unlike ``eval`` ones, are never a
 candidate for a training mix: a training lever chosen by looking at ``eval`` kinds is checked on them once.
-:func:`formats` hands out one side; tests check that no training prompt uses an ``eval`` or ``heldout``
-statement or question, and that training prompt sources refuse both sides.
+:func:`formats` hands out one side and :func:`training_formats` the formats a training prompt source asks
+for, refusing both other sides; tests check that no training prompt uses an ``eval`` or ``heldout``
+statement or question.
 """
 
 from __future__ import annotations
 
 import random
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -84,6 +85,17 @@ _FOODS = (
 )
 _CODE_LETTERS = "".join(c for c in string.ascii_uppercase if c not in "IO")  # no I/O: read as 1/0
 _UNITS = ("kilograms", "litres", "millimetres", "kilowatts", "volts", "hectares", "newtons", "kilopascals")
+# Ship names (the train-side multi-token name kind): an epithet, a bird or a sea word, sometimes a numeral;
+# pools shared with no other format, so no word of a held-out personal name is trained on.
+_SHIP_EPITHETS = (
+    "Gallant", "Steadfast", "Radiant", "Restless", "Wandering", "Patient", "Distant", "Northern", "Silent",
+    "Tireless",
+)  # fmt: skip
+_SHIP_NOUNS = (
+    "Albatross", "Cormorant", "Meridian", "Tempest", "Petrel", "Endeavour", "Odyssey", "Heron", "Mariner",
+    "Gannet",
+)  # fmt: skip
+_SHIP_NUMERALS = ("", "", " II", " III", " IV")
 # Held-out personal names: pools shared with no other format, so a module never met any of their words.
 _HELDOUT_FIRST = (
     "Ottilie", "Bartholomew", "Svetlana", "Cornelius", "Ngozi", "Evander", "Marisol", "Leopold",
@@ -163,6 +175,11 @@ def iso_date_value(rng: random.Random) -> str:
 def measurement_value(rng: random.Random) -> str:
     """A number with one decimal and a unit written out, e.g. ``48.5 kilowatts``."""
     return f"{rng.randint(2, 999)}.{rng.randint(0, 9)} {rng.choice(_UNITS)}"
+
+
+def ship_name_value(rng: random.Random) -> str:
+    """A ship's name of two capitalised words, sometimes with a numeral, e.g. ``Steadfast Cormorant III``."""
+    return f"{rng.choice(_SHIP_EPITHETS)} {rng.choice(_SHIP_NOUNS)}{rng.choice(_SHIP_NUMERALS)}"
 
 
 def contact_name_value(rng: random.Random) -> str:
@@ -391,6 +408,18 @@ FACT_FORMATS: tuple[FactFormat, ...] = (
         badge_code_value,
         "heldout",
     ),
+    # --- a multi-token name-like kind on the train side (lkv.labels.task_mix), apart from contact_name ---
+    FactFormat(
+        "ship_name",
+        "The newest ship of the {key} line has been christened the {value}.",
+        (
+            "What is the newest ship of the {key} line called?",
+            "Which name was given to the newest ship of the {key} line?",
+            "Give the name of the {key} line's newest ship, as the text writes it.",
+        ),
+        ship_name_value,
+        "train",
+    ),
 )
 
 
@@ -407,6 +436,25 @@ def fact_format(name: str) -> FactFormat:
         if fmt.name == name:
             return fmt
     raise ValueError(f"unknown fact format {name!r}; choose one of {', '.join(f.name for f in FACT_FORMATS)}")
+
+
+def training_formats(names: Sequence[str]) -> list[FactFormat]:
+    """The formats called ``names``, for a prompt source that trains: ``train`` side only.
+
+    Raises:
+        ValueError: no name, an unknown one, or one on the ``eval`` or ``heldout`` side (training prompts
+            must not contain them, or their evaluation rows would be in-distribution).
+    """
+    if not names:
+        raise ValueError("fact_formats must name at least one fact format")
+    chosen = [fact_format(name) for name in names]
+    untrained = [f.name for f in chosen if f.side != "train"]
+    if untrained:
+        raise ValueError(
+            f"fact_formats {untrained} are evaluation-only (lkv.labels.facts side 'eval' or 'heldout'): training "
+            f"prompts must not contain them; the train-side formats are {', '.join(f.name for f in formats('train'))}"
+        )
+    return chosen
 
 
 def distinct_values(chosen: list[FactFormat], rng: random.Random) -> list[str]:

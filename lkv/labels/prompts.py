@@ -97,6 +97,18 @@ class PromptSource(ABC):
         return re.sub(pattern, f"{self.count_setting}={now[1]}", previous, count=1) == mine
 
 
+def check_passage_counts(num_prompts: int, min_words: int, max_words: int) -> None:
+    """Check a generated prompt source's count and passage length range.
+
+    Raises:
+        ValueError: ``num_prompts < 0``, or not ``1 ≤ min_words ≤ max_words``.
+    """
+    if num_prompts < 0:
+        raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}")
+
+
 def split_by_document(
     doc_ids: Sequence[str], heldout_fraction: float, salt: str = "lkv"
 ) -> tuple[set[str], set[str]]:

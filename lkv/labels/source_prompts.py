@@ -15,9 +15,9 @@ import json
 import random
 from collections.abc import Iterator
 
-from lkv.labels.facts import TRAIN_KEYS, fact_format
-from lkv.labels.prompts import Prompt, PromptSource
-from lkv.labels.sources import IN_SOURCES, TextSource, source_roots, training_source
+from lkv.labels.facts import TRAIN_KEYS, training_formats
+from lkv.labels.prompts import Prompt, PromptSource, check_passage_counts
+from lkv.labels.sources import IN_SOURCES, draw_document, source_roots, train_doc_ids, training_sources
 
 
 class SourcePrompts(PromptSource):
@@ -50,23 +50,10 @@ class SourcePrompts(PromptSource):
         seed: int = 0,
         roots: dict[str, str] | None = None,
     ) -> None:
-        if not sources:
-            raise ValueError("sources must name at least one text source")
-        if num_prompts < 0:
-            raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
-        if not 1 <= min_words <= max_words:
-            raise ValueError(
-                f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}"
-            )
+        check_passage_counts(num_prompts, min_words, max_words)
         self.roots = source_roots(roots)
-        self._sources: list[TextSource] = [training_source(name, self.roots.get(name)) for name in sources]
-        facts = [fact_format(name) for name in fact_formats]
-        untrained = [f.name for f in facts if f.side != "train"]
-        if untrained or not facts:
-            raise ValueError(
-                f"fact_formats must name train-side formats of lkv.labels.facts; {untrained} are evaluation-only"
-            )
-        self._facts = facts
+        self._sources = training_sources(tuple(sources), self.roots)
+        self._facts = training_formats(fact_formats)
         self.sources = tuple(sources)
         self.num_prompts = num_prompts
         self.min_words = min_words
@@ -84,23 +71,13 @@ class SourcePrompts(PromptSource):
         )
 
     def __iter__(self) -> Iterator[Prompt]:
-        doc_ids = {}
-        for source in self._sources:
-            doc_ids[source.name] = source.doc_ids("train")
-            if not doc_ids[source.name]:
-                raise ValueError(f"text source {source.name}: no document on its 'train' split")
+        doc_ids = train_doc_ids(self._sources)
         for index in range(self.num_prompts):
             yield self._prompt(index, random.Random(f"lkv-sources:{self.seed}:{index}"), doc_ids)
 
     def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
         source = rng.choice(self._sources)
-        for _attempt in range(100):  # a few documents read as empty (an include-only man page)
-            doc_id = rng.choice(doc_ids[source.name])
-            units = source.units(source.document(doc_id).text)
-            if units:
-                break
-        else:
-            raise ValueError(f"text source {source.name}: 100 drawn train documents held no text")
+        doc_id, units = draw_document(source, doc_ids[source.name], rng)
         target = rng.randint(self.min_words, self.max_words)
         start = rng.randrange(len(units))
         window: list[str] = []

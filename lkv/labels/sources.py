@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.metadata
+import random
 import re
 import subprocess
 from abc import ABC, abstractmethod
@@ -529,3 +530,43 @@ def source_roots(roots: dict[str, str] | None) -> dict[str, str]:
     if unknown:
         raise ValueError(f"roots: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
     return dict(roots or {})
+
+
+def training_sources(names: tuple[str, ...], roots: dict[str, str]) -> list[TextSource]:
+    """:func:`training_source` for each of ``names`` (at least one), reading from ``roots`` where it names one.
+
+    Raises:
+        ValueError: no name, or one that :func:`training_source` refuses.
+    """
+    if not names:
+        raise ValueError("sources must name at least one text source")
+    return [training_source(name, roots.get(name)) for name in names]
+
+
+def train_doc_ids(sources: list[TextSource]) -> dict[str, list[str]]:
+    """Source name → the sorted ids of its ``train`` documents.
+
+    Raises:
+        ValueError: a source has no ``train`` document.
+    """
+    doc_ids = {}
+    for source in sources:
+        doc_ids[source.name] = source.doc_ids("train")
+        if not doc_ids[source.name]:
+            raise ValueError(f"text source {source.name}: no document on its 'train' split")
+    return doc_ids
+
+
+def draw_document(source: TextSource, doc_ids: list[str], rng: random.Random) -> tuple[str, list[str]]:
+    """A document of ``doc_ids`` drawn uniformly until one has text (an include-only man page reads as
+    empty), as its id and its units.
+
+    Raises:
+        ValueError: 100 drawn documents held no text.
+    """
+    for _attempt in range(100):
+        doc_id = rng.choice(doc_ids)
+        units = source.units(source.document(doc_id).text)
+        if units:
+            return doc_id, units
+    raise ValueError(f"text source {source.name}: 100 drawn train documents held no text")

@@ -41,3 +41,26 @@ def test_reference_is_the_shown_sentence_else_the_shown_answer_else_none(tiny_ll
         is None
     )
     assert reference_response(fact(answer=None), PASSAGE, tokenizer, end, 64) is None
+
+
+def test_a_prompt_asking_several_facts_needs_every_answer_and_its_reference_states_each_shown_one(tiny_llama):
+    _, tokenizer = tiny_llama
+    first, second = (
+        "The harbor conference will be held in Marrakesh.",
+        "The last ferry to ember leaves at 9:35 pm.",
+    )
+    passage = f"alpha {first} beta {second} gamma"
+    answers = [{"answer": "Marrakesh", "evidence": first}, {"answer": "9:35 pm", "evidence": second}]
+    prompt = Prompt(
+        "p1", [{"role": "user", "content": passage}], "test", "d0", "doc_qa", "x", {"answers": answers}
+    )
+    end = tokenizer.eos_token_id
+
+    def tokens(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    assert missed(prompt, tokens("Marrakesh"), tokenizer)
+    assert not missed(prompt, tokens("Marrakesh, then 9:35 pm"), tokenizer)
+    assert reference_response(prompt, passage, tokenizer, end, 512) == tokens(f"{first} {second}") + [end]
+    # truncation cut the second fact: the reference states the first alone
+    assert reference_response(prompt, f"alpha {first} beta", tokenizer, end, 512) == tokens(first) + [end]
