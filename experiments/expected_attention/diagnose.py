@@ -1,15 +1,16 @@
 """Why Expected Attention keeps no needle on SmolLM2-135M: its per-token scores on FullKV-solved needle prompts
 beside the Oracle's, with each of its parts changed in turn (prefill only, nothing decoded).
 
-    OMP_NUM_THREADS=1 python experiments/expected_attention/diagnose.py [--per-cell 2] [--out FOLDER]
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD python experiments/expected_attention/diagnose.py [--per-cell 2]
+        [--out FOLDER] [--table-only]
 
 The prompts are the committed full evaluation's (experiments/full_evidence): its ``needle_id`` task rebuilt with
 the config's settings (in-distribution fact formats, 1K and 3K tokens, seed 0), the first ``--per-cell``
 FullKV-solved samples (question-aware rows) of each (length, depth) cell for depths 0.1/0.3/0.7/0.9; a rebuilt
-prompt must have its committed row's length. Each prompt is prefilled once
-together with the committed FullKV answer (teacher-forced), keeping every layer's attention input; the Oracle
-is that answer's attention on the prompt (:func:`lkv.core.importance.response_importance`, as ``lkv eval``
-scores it). Every Expected Attention variant is lkv's own press or its scoring function, fed query statistics
+prompt must have its committed row's length. Each prompt is prefilled once together with the committed FullKV
+answer (teacher-forced), keeping every layer's attention input; the Oracle is that answer's attention on the
+prompt (:func:`lkv.core.importance.response_importance`, as ``lkv eval`` scores it). Every Expected Attention
+variant is lkv's own press or its scoring function, fed query statistics
 (:class:`~lkv.eviction.presses.expected_attention.QueryStatistics`) from a chosen window of those inputs:
 
 - ``kvpress``: the press as registered (kvpress's defaults: queries of the whole prompt after 4 sinks, RoPE
@@ -18,8 +19,7 @@ scores it). Every Expected Attention variant is lkv's own press or its scoring f
   the question-agnostic row (the answer's attention after the appended question);
 - ``no_vnorm``, ``no_cov``, ``vnorm_only`` (``‖v‖``: the limit of a large epsilon), ``next_position``
   (``n_future_positions=1``: no rotation average), ``cov_x4`` (the covariance term four times as large),
-  ``group_max`` (the largest of a KV group's 3 query heads
-  instead of their mean);
+  ``group_max`` (the largest of a KV group's 3 query heads instead of their mean);
 - ``question``: statistics of the question's queries only; ``answer``: of the FullKV answer's queries, the
   future queries themselves, rotation averaged over the answer's positions — what a perfect estimate of the
   Gaussian gives; ``answer_mean`` / ``answer_cov``: the answer's mean with the prompt's covariance, and the
@@ -30,13 +30,14 @@ The ``kvpress`` variant is checked against the registered press scored through l
 
 Per variant and prompt, over the 30 layers × 3 KV heads: the value tokens' best rank (1 = top; median over
 heads), the share of value tokens in the top C = 128 / 256 (sinks first, as the press keeps them) and of heads
-holding the whole value, Spearman's ρ against the Oracle (sinks left out), and where the top-128 sit (sink,
-chat template, needle sentence, question, the 128 context tokens before it, punctuation/newline tokens,
-other). For the press itself also its parts: the spread (std over keys) of the mean-query logit and of the
-covariance logit, the expected attention's effective support (exp of its entropy, in tokens), the share of
-the mean query's norm that the rotation average keeps, SmolLM2's RoPE frequencies that survive it, and the
-cosine of the prompt's (and the question's) mean query with the answer's, per head.
-Writes ``FOLDER/diagnose.jsonl`` (one row per prompt and variant) and ``FOLDER/diagnose.md`` (means).
+holding the whole value, the share kept at half the prompt (compression ratio 0.5), Spearman's ρ against the
+Oracle (sinks left out), and where the top-128 sit (sink, chat template, needle sentence, question, the 128
+context tokens before it, punctuation/newline tokens, other). For the press itself also its parts: the spread
+(std over keys) of the mean-query logit and of the covariance logit, the expected attention's effective support
+(exp of its entropy, in tokens), the share of the mean query's norm that the rotation average keeps, SmolLM2's
+RoPE frequency pairs that keep at least half their amplitude in it, and the cosine of the prompt's (and the
+question's) mean query with the answer's, per head. Writes ``FOLDER/diagnose.jsonl`` (one row per prompt and
+variant) and ``FOLDER/diagnose.md`` (means; ``--table-only`` rewrites it from the jsonl).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import json
 import math
 import statistics
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -90,8 +92,8 @@ CHANGED = {
 
 
 def solved_samples(per_cell: int) -> dict[str, tuple[list[int], int]]:
-    """Sample id → (committed FullKV answer ids, prompt tokens), for the first ``per_cell`` FullKV-solved question-aware
-    ``needle_id`` rows of each (length, depth) cell (depths :data:`DEPTHS`), in the file's order."""
+    """Sample id → (committed FullKV answer ids, prompt tokens), for the first ``per_cell`` FullKV-solved
+    question-aware ``needle_id`` rows of each (length, depth) cell (depths :data:`DEPTHS`), in the file's order."""
     chosen: dict[str, tuple[list[int], int]] = {}
     taken: dict[tuple[int, float], int] = {}
     for line in ROWS.read_text().splitlines():
@@ -204,6 +206,7 @@ def measures(scores: torch.Tensor, oracle: torch.Tensor, values: list[int], plac
         "rho_oracle": spearman(finite[..., N_SINK:], oracle[..., N_SINK:].float()).mean().item(),
         "where_top128": where,
     }
+    out["value_kept_half"] = (value_rank <= scores.shape[-1] // 2).float().mean().item()
     for c in BUDGETS:
         kept = value_rank <= c
         out[f"value_kept_{c}"] = kept.float().mean().item()
@@ -244,6 +247,9 @@ def parts(model, hidden, cache, prompt_len: int, question_len: int, answer_len: 
         "rotation_keeps_mean_norm": statistics.mean(kept_norm),
         "cos_prompt_answer_mean": statistics.mean(to_answer),
         "cos_question_answer_mean": statistics.mean(question_to_answer),
+        "rope_pairs_kept": frequencies_kept(model, prompt_len, ExpectedAttentionPress().n_future_positions),
+        "rope_theta": model.config.rope_parameters["rope_theta"],
+        "head_dim": model.config.head_dim,
     }
 
 
@@ -335,62 +341,80 @@ def diagnose(model, tokenizer, sample, answer: list[int], prompt_tokens: int) ->
     return rows
 
 
-def write_table(rows: list[dict], model_rope: str, path: Path) -> None:
+COLUMNS = {
+    "value rank (best token)": ("value_best_rank", ".0f"),
+    "value percentile": ("value_mean_pct", ".0f"),
+    "ρ vs Oracle": ("rho_oracle", ".2f"),
+    "value kept C=128": ("value_kept_128", ".2f"),
+    "value kept C=256": ("value_kept_256", ".2f"),
+    "heads with whole value C=128": ("heads_all_128", ".2f"),
+    "heads with whole value C=256": ("heads_all_256", ".2f"),
+    "value kept, half the prompt": ("value_kept_half", ".2f"),
+}
+PARTS = (
+    "cos_prompt_answer_mean",
+    "cos_question_answer_mean",
+    "mean_logit_std",
+    "cov_logit_std",
+    "support_tokens",
+    "support_tokens_no_cov",
+    "rotation_keeps_mean_norm",
+    "rope_pairs_kept",
+)
+
+
+def table(rows: list[dict], columns: dict[str, tuple[str, str]], head: str) -> list[str]:
+    """A markdown table: one line per variant of ``rows``, each column the mean over its rows of a measure."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = [f"| {head} | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for variant in variants:
+        mine = [r for r in rows if r["variant"] == variant]
+        cells = [format(statistics.mean(get(r) for r in mine), spec) for get, spec in columns.values()]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_table(rows: list[dict], path: Path) -> None:
     """Means over prompts of each variant's measures, and of the press's parts."""
-    variants = list(dict.fromkeys(r["variant"] for r in rows if r["variant"] != "parts"))
+    scored = [r for r in rows if r["variant"] != "parts"]
     n = len({r["sample"] for r in rows})
     lines = [
         f"n = {n} FullKV-solved needle prompts (experiments/full_evidence, needle_id), 30 layers × 3 KV heads; "
         "means over prompts of the (layer, KV head) means (value rank: median over heads of the best value "
         "token's rank, then the mean over prompts).",
         "",
-        "| variant | value rank (best token) | value percentile | ρ vs Oracle | value kept C=128 | C=256 | "
-        "heads with whole value C=128 | C=256 |",
-        "|---|---|---|---|---|---|---|---|",
+        *table(scored, {k: (itemgetter(key), spec) for k, (key, spec) in COLUMNS.items()}, "variant"),
+        "",
+        "Value tokens kept at C = 128 by prompt length (1K: ~1.1K tokens, 3K: ~3.1K):",
+        "",
+        "| variant | 1K | 3K |",
+        "|---|---|---|",
     ]
-    for variant in variants:
-        mine = [r for r in rows if r["variant"] == variant]
-        mean = {
-            key: statistics.mean(r[key] for r in mine)
-            for key in mine[0]
-            if key.startswith(("value", "rho", "heads"))
-        }
-        lines.append(
-            f"| {variant} | {mean['value_best_rank']:.0f} | {mean['value_mean_pct']:.0f} | "
-            f"{mean['rho_oracle']:.2f} | {mean['value_kept_128']:.2f} | {mean['value_kept_256']:.2f} | "
-            f"{mean['heads_all_128']:.2f} | {mean['heads_all_256']:.2f} |"
-        )
-    lengths = sorted({r["prompt_tokens"] for r in rows}, key=int)
-    short = [n for n in lengths if n < 2000]
-    lines += ["", "Value tokens kept at C = 128 by prompt length (1K: ~1.1K tokens, 3K: ~3.1K):", ""]
-    lines += ["| variant | 1K | 3K |", "|---|---|---|"]
-    for variant in variants:
-        mine = [r for r in rows if r["variant"] == variant]
+    for variant in dict.fromkeys(r["variant"] for r in scored):
         by = [
-            [r["value_kept_128"] for r in mine if (r["prompt_tokens"] in short) == near]
-            for near in (True, False)
+            [
+                r["value_kept_128"]
+                for r in scored
+                if r["variant"] == variant and (r["prompt_tokens"] < 2000) == s
+            ]
+            for s in (True, False)
         ]
         lines.append(
             f"| {variant} | " + " | ".join(f"{statistics.mean(b):.2f}" if b else "" for b in by) + " |"
         )
-    lines += ["", "Where each variant's top 128 sit (share of the 128, mean over heads and prompts):", ""]
-    lines += ["| variant | " + " | ".join(PLACES) + " |", "|---|" + "---|" * len(PLACES)]
-    for variant in variants:
-        mine = [r for r in rows if r["variant"] == variant]
-        cells = [f"{statistics.mean(r['where_top128'][p] for r in mine):.2f}" for p in PLACES]
-        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
-    part_rows = [r for r in rows if r["variant"] == "parts"]
-    lines += ["", f"The press's parts (kvpress defaults; {model_rope}):", ""]
-    for key in (
-        "cos_prompt_answer_mean",
-        "cos_question_answer_mean",
-        "mean_logit_std",
-        "cov_logit_std",
-        "support_tokens",
-        "support_tokens_no_cov",
-        "rotation_keeps_mean_norm",
-    ):
-        lines.append(f"- {key}: {statistics.mean(r[key] for r in part_rows):.3f}")
+    places = {p: (lambda r, p=p: r["where_top128"][p], ".2f") for p in PLACES}
+    parts = [r for r in rows if r["variant"] == "parts"]
+    lines += [
+        "",
+        "Where each variant's top 128 sit (share of the 128, mean over heads and prompts):",
+        "",
+        *table(scored, places, "variant"),
+        "",
+        f"The press's parts (kvpress defaults; SmolLM2 rope_theta {parts[0]['rope_theta']:g}, "
+        f"{parts[0]['head_dim'] // 2} frequency pairs):",
+        "",
+        *(f"- {key}: {statistics.mean(r[key] for r in parts):.3f}" for key in PARTS),
+    ]
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -401,7 +425,13 @@ def main() -> None:
         "--per-cell", type=int, default=2, help="FullKV-solved prompts per (length, depth) cell"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "experiments/expected_attention")
+    parser.add_argument(
+        "--table-only", action="store_true", help="rewrite diagnose.md from FOLDER/diagnose.jsonl"
+    )
     args = parser.parse_args()
+    if args.table_only:
+        rows = [json.loads(line) for line in (args.out / "diagnose.jsonl").read_text().splitlines()]
+        return write_table(rows, args.out / "diagnose.md")
     model, tokenizer = load_backbone()
     answers = solved_samples(args.per_cell)
     task = NeedleFamilyTask(**TASK)
@@ -413,15 +443,12 @@ def main() -> None:
             print(sample.id, flush=True)
     if len({r["sample"] for r in rows}) != len(answers):
         raise RuntimeError(
-            f"rebuilt {len(rows)} rows for {len(answers)} committed samples: the task settings differ"
+            f"rebuilt {len({r['sample'] for r in rows})} of {len(answers)} committed samples: "
+            "the task settings differ"
         )
-    theta = model.config.rope_parameters["rope_theta"]
-    half = model.config.head_dim // 2
-    kept = frequencies_kept(model, 1024, ExpectedAttentionPress().n_future_positions)
-    rope = f"rope_theta {theta:g}, {kept} of {half} frequency pairs keep ≥ half their amplitude over 512 positions"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "diagnose.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    write_table(rows, rope, args.out / "diagnose.md")
+    write_table(rows, args.out / "diagnose.md")
 
 
 if __name__ == "__main__":
