@@ -30,8 +30,9 @@ The ``kvpress`` variant is checked against the registered press scored through l
 
 Per variant and prompt, over the 30 layers × 3 KV heads: the value tokens' best rank (1 = top; median over
 heads), the share of value tokens in the top C = 128 / 256 (sinks first, as the press keeps them) and of heads
-holding the whole value, the share kept at half the prompt (compression ratio 0.5), Spearman's ρ against the
-Oracle (sinks left out), and where the top-128 sit (sink, chat template, needle sentence, question, the 128
+holding the whole value, the share kept at half the prompt (compression ratio 0.5), the share kept at C = 128
+in the heads that read the needle (those whose Oracle top-128 holds the whole value), the value tokens' score
+percentile per third of the layers, Spearman's ρ against the Oracle (sinks left out), and where the top-128 sit (sink, chat template, needle sentence, question, the 128
 context tokens before it, punctuation/newline tokens, other). For the press itself also its parts: the spread
 (std over keys) of the mean-query logit and of the covariance logit, the expected attention's effective support
 (exp of its entropy, in tokens), the share of the mean query's norm that the rotation average keeps, SmolLM2's
@@ -198,15 +199,21 @@ def measures(scores: torch.Tensor, oracle: torch.Tensor, values: list[int], plac
     finite = torch.nan_to_num(scores.float(), posinf=torch.finfo(torch.float32).max)
     rank = ranks(finite)
     value_rank = rank[..., values]
+    percentile = 100 * (1 - (value_rank - 1) / (scores.shape[-1] - 1))
     top = rank <= BUDGETS[0]
-    where = {p: (top & (place == i)).sum(-1).float().mean().item() / BUDGETS[0] for i, p in enumerate(PLACES)}
+    # the heads that read the needle: those whose Oracle top-128 holds the whole value
+    reading = (ranks(oracle.float())[..., values] <= BUDGETS[0]).all(-1)
     out = {
         "value_best_rank": value_rank.min(-1).values.median().item(),
-        "value_mean_pct": (100 * (1 - (value_rank - 1) / (scores.shape[-1] - 1))).mean().item(),
+        "value_mean_pct": percentile.mean().item(),
+        "value_pct_by_third": [third.mean().item() for third in percentile.mean(-1).chunk(3)],
         "rho_oracle": spearman(finite[..., N_SINK:], oracle[..., N_SINK:].float()).mean().item(),
-        "where_top128": where,
+        "value_kept_half": (value_rank <= scores.shape[-1] // 2).float().mean().item(),
+        "value_kept_128_reading_heads": (value_rank[reading] <= BUDGETS[0]).float().mean().item(),
+        "where_top128": {
+            p: (top & (place == i)).sum(-1).float().mean().item() / BUDGETS[0] for i, p in enumerate(PLACES)
+        },
     }
-    out["value_kept_half"] = (value_rank <= scores.shape[-1] // 2).float().mean().item()
     for c in BUDGETS:
         kept = value_rank <= c
         out[f"value_kept_{c}"] = kept.float().mean().item()
@@ -350,6 +357,7 @@ COLUMNS = {
     "heads with whole value C=128": ("heads_all_128", ".2f"),
     "heads with whole value C=256": ("heads_all_256", ".2f"),
     "value kept, half the prompt": ("value_kept_half", ".2f"),
+    "value kept C=128 in the Oracle's reading heads": ("value_kept_128_reading_heads", ".2f"),
 }
 PARTS = (
     "cos_prompt_answer_mean",
@@ -402,9 +410,17 @@ def write_table(rows: list[dict], path: Path) -> None:
         lines.append(
             f"| {variant} | " + " | ".join(f"{statistics.mean(b):.2f}" if b else "" for b in by) + " |"
         )
+    thirds = {
+        f"layers {10 * t + 1}–{10 * t + 10}": (lambda r, t=t: r["value_pct_by_third"][t], ".0f")
+        for t in range(3)
+    }
     places = {p: (lambda r, p=p: r["where_top128"][p], ".2f") for p in PLACES}
     parts = [r for r in rows if r["variant"] == "parts"]
     lines += [
+        "",
+        "Value tokens' score percentile by layer third (100 = top):",
+        "",
+        *table(scored, thirds, "variant"),
         "",
         "Where each variant's top 128 sit (share of the 128, mean over heads and prompts):",
         "",
