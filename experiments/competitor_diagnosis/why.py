@@ -34,7 +34,7 @@ import torch
 from lkv.core.chat import chat_parts
 from lkv.core.generation import crop_to, decode
 from lkv.core.importance import response_importance
-from lkv.eval.runner import shared_prefill
+from lkv.eval.prefill import shared_prefill
 from lkv.eval.tasks import NeedleFamilyTask, encode_sample
 from lkv.eval.tasks.needle_tokens import value_positions
 from lkv.eviction.compressor import Compressor
