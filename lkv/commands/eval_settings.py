@@ -15,6 +15,7 @@ from lkv.eviction.names import HeadBudget
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
+from lkv.eviction.presses.restorekv import check_restore_folder
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
     METHODS,
@@ -125,6 +126,9 @@ class EvalSettings:
             )
         for method, own in press_args.items():
             check_press_args(method, own)
+        for method in self.methods_run:
+            if roles_of(method).requires == "restore":
+                check_restore_folder(method, press_args.get(method, {}))
 
     @property
     def folders(self) -> dict[str, str | None]:

@@ -43,6 +43,15 @@ def test_derived_fields_follow_from_the_options():
         ({"methods": ("quest",), "head_budget": "adaptive"}, "--head_budget adaptive spreads"),
         ({"press_args": {"fullkv": {}}}, r"press_args given for \['fullkv'\]"),
         ({"methods": ("probe",)}, "--probe is required by the probe method"),
+        ({"methods": ("restorekv",)}, "press_args for restorekv: give the trained restore folder"),
+        (
+            {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "/nowhere"}}},
+            "press_args for restorekv: folder: /nowhere/restorekv.json: not found",
+        ),
+        (
+            {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "x", "window": 4}}},
+            "press_args for restorekv: unknown key window; restorekv takes folder, chunk_size, overlap",
+        ),
     ],
 )
 def test_a_bad_option_is_refused_naming_its_flag(changes, message):
