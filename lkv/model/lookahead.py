@@ -153,20 +153,21 @@ def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: in
     raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
 
 
-def unreachable_linears(model: PreTrainedModel) -> list[str]:
+def unreachable_linears(model: PreTrainedModel, read: tuple[str, ...] = ("q_proj", "k_proj")) -> list[str]:
     """Names of the linear layers whose LoRA could never change the predicted scores: in the last decoder layer,
-    everything but the query and key projections.
+    everything but the projections ``read`` (default: the query and key projections).
 
     The lookahead step reads the last layer's attention *rows*, which depend on its queries and keys only;
     its values, output projection and MLP feed nothing after them (no LM head runs). Their LoRA weights would
-    never get a gradient, and DDP would have to search the graph for unused parameters every step.
+    never get a gradient, and DDP would have to search the graph for unused parameters every step. (A restore
+    module reads the last layer's keys and values instead: :class:`lkv.model.restore.RestoreAdapter`.)
     """
     last = model.get_decoder().layers[-1]
     prefix = next(name for name, module in model.named_modules() if module is last)
     return [
         f"{prefix}.{name}"
         for name, module in last.named_modules()
-        if isinstance(module, nn.Linear) and not name.endswith(("q_proj", "k_proj"))
+        if isinstance(module, nn.Linear) and not name.endswith(read)
     ]
 
 

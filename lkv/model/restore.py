@@ -17,13 +17,12 @@ for its tokens) with its own folder, laid out as NVIDIA kvpress's ``RestoreKVPre
 from __future__ import annotations
 
 import torch
-from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from lkv.core.cache import AppendedKV
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
-from lkv.model.lookahead import LookaheadAdapter
+from lkv.model.lookahead import LookaheadAdapter, unreachable_linears
 
 RESTORE_CONFIG_FILE = "restorekv.json"
 RESTORE_EMBEDDINGS_FILE = "restore_embeddings.safetensors"
@@ -48,13 +47,7 @@ class RestoreAdapter(LookaheadAdapter):
     def excluded_linears(cls, model: PreTrainedModel) -> list[str]:
         """The last decoder layer's linear layers other than its key and value projections: the restore
         tokens' K/V of that layer are read from its input, nothing reads its attention output."""
-        last = model.get_decoder().layers[-1]
-        prefix = next(name for name, module in model.named_modules() if module is last)
-        return [
-            f"{prefix}.{name}"
-            for name, module in last.named_modules()
-            if isinstance(module, nn.Linear) and not name.endswith(("k_proj", "v_proj"))
-        ]
+        return unreachable_linears(model, read=("k_proj", "v_proj"))
 
     def restore(self, cache: DynamicCache, prompt_len: int) -> AppendedKV:
         """The restore tokens' K/V: the ``n`` embeddings at positions ``S..S+n-1`` over the full prompt cache,
