@@ -13,8 +13,10 @@ from lkv.core.generation import Sampling, prefill
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses.restorekv import RestoreKVPress, check_restore_folder
 from lkv.eviction.registry import make_method, press_arg_names
+from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.selector import Selection
 from lkv.model.restore import RestoreAdapter
+from tests.conftest import build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import prompt
 from tests.reference import evicted_reference_logits, greedy_steps, keep_mask, naive_select
 
@@ -146,3 +148,31 @@ def test_a_restore_folder_loads_as_saved_and_is_checked_before_any_model(
     (tmp_path / "restore" / "restore_embeddings.safetensors").unlink()
     with pytest.raises(ValueError, match="restore_embeddings.safetensors"):
         check_restore_folder("restorekv", {"folder": str(tmp_path / "restore")})
+
+
+def test_lkv_eval_runs_restorekv_from_its_press_args(tiny_corpus, tmp_path):
+    import lkv.commands.eval
+
+    model, tokenizer = build_tiny_model("llama", max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    adapter = RestoreAdapter.create(model, num_tokens=N, lora_rank=2, seed=0)
+    randomise_lora(adapter)
+    adapter.save(tmp_path / "restore")
+    lkv.commands.eval.evaluate(
+        tasks=[tiny_needle_task(tiny_corpus, lengths=(60,), max_new_tokens=2)],
+        methods=("fullkv", "kvzip", "restorekv"),
+        press_args={"restorekv": {"folder": str(tmp_path / "restore"), "chunk_size": CHUNK}},
+        budgets=(BUDGET,),
+        settings=("aware", "agnostic"),
+        output=str(tmp_path / "eval"),
+        model=str(tmp_path / "model"),
+        progress=False,
+    )
+    rows = {(r["method"], r["setting"]): r for r in ResultsFile(tmp_path / "eval" / RESULTS_FILE).rows}
+    for setting in ("aware", "agnostic"):
+        restorekv, kvzip = rows[("restorekv", setting)], rows[("kvzip", setting)]
+        # budget-matched: C entries per KV head, the restore slots among them, KVzip's KV bytes
+        assert restorekv["kept_tokens"] == kvzip["kept_tokens"] == BUDGET
+        assert restorekv["kv_fraction"] == kvzip["kv_fraction"]
+        assert restorekv["prompt_tokens"] == kvzip["prompt_tokens"] + N  # it read the restore tokens too
