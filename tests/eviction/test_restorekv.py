@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from lkv.core.generation import Sampling, prefill
+from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses.restorekv import RestoreKVPress, check_restore_folder
 from lkv.eviction.registry import make_method, press_arg_names
-from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.selector import Selection
 from lkv.model.restore import RestoreAdapter
 from tests.conftest import build_tiny_model, tiny_needle_task
