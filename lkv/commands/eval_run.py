@@ -79,8 +79,8 @@ def model_presses(
 ) -> dict[str, Press]:
     """The presses of ``run``'s methods that need the loaded model: each lookahead module (``module``, the one
     ``--adapter`` names, and the LoRAs of ``--adapters`` loaded beside it on the same model), the probe (one
-    press per probe folder, shared by the methods that fuse it), a RestoreKV module (its ``press_args``' folder)
-    and the Oracle."""
+    press per probe folder, shared by the methods that fuse it), a RestoreKV module (its ``press_args``' folder;
+    its evictor KVzip, or ``scores: lookaheadkv`` the lookahead module's press) and the Oracle."""
     probes: dict[Path, ProbePress] = {}
 
     def probe_press(path: str | Path | None) -> ProbePress | None:
@@ -109,11 +109,14 @@ def model_presses(
             )
         elif roles.requires == "probe":
             presses[method] = probe_press(run.probe)
-        elif roles.requires == "restore":  # its LoRA joins a lookahead module's on the same model, if any
-            model = net if module is None else module.model
-            presses[method] = RestoreKVPress.from_folder(model=model, **run.recorded_press_args[method])
         elif roles.role == "upper bound":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
+    for method in run.methods_run:  # after the lookahead module's press, which may select for it
+        if roles_of(method).requires == "restore":
+            settings = dict(run.recorded_press_args[method])
+            evictor = presses[ADAPTER_METHOD] if settings.pop("scores", None) == ADAPTER_METHOD else None
+            model = net if module is None else module.model  # its LoRA joins a lookahead module's
+            presses[method] = RestoreKVPress.from_folder(model=model, evictor=evictor, **settings)
     return presses
 
 

@@ -128,7 +128,13 @@ class EvalSettings:
             check_press_args(method, own)
         for method in self.methods_run:
             if roles_of(method).requires == "restore":
-                check_restore_folder(method, press_args.get(method, {}))
+                own = press_args.get(method, {})
+                check_restore_folder(method, own)
+                if own.get("scores") == ADAPTER_METHOD and ADAPTER_METHOD not in self.methods_run:
+                    raise ValueError(
+                        f"press_args for {method}: scores: {ADAPTER_METHOD} selects with the module of --adapter: "
+                        f"evaluate {ADAPTER_METHOD} too (--adapter)"
+                    )
 
     @property
     def folders(self) -> dict[str, str | None]:

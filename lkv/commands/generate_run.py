@@ -81,7 +81,7 @@ def load_press(run: GenerateSettings) -> tuple[PreTrainedModel, PreTrainedTokeni
         net, tokenizer = load_backbone(base, **options, device=run.device)
         return net, tokenizer, ProbePress.from_folder(folder, net)
     if roles_of(run.method).requires == "restore":  # a RestoreKV folder: on the model it names
-        settings = run.press_args or {}
+        settings = {k: v for k, v in (run.press_args or {}).items() if k != "scores"}  # KVzip (checked)
         base = (
             model or RestoreAdapter.read_folder(Path(settings["folder"])).extra.get("model") or DEFAULT_MODEL
         )

@@ -131,6 +131,11 @@ class GenerateSettings:
             )
         elif requires == "restore":
             check_restore_folder(self.method, self.press_args or {})
+            if (self.press_args or {}).get("scores", "kvzip") != "kvzip":
+                raise ValueError(
+                    "--press_args: scores: lkv generate evicts with KVzip under restorekv (lkv eval takes "
+                    "scores: lookaheadkv beside --adapter)"
+                )
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a derived field of the frozen instance, set once here

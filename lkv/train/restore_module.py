@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from lkv.core.cache import append_entries, gather_cache
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import prefill
-from lkv.eviction.presses import PressContext
+from lkv.eviction.presses import KVzipPress, PressContext
 from lkv.eviction.presses.restorekv import RestoreKVPress
 from lkv.eviction.selector import select_indices
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
@@ -104,7 +104,7 @@ class RestoreKVModule(ImportanceModule):
             adapter_name=RESTORE_ADAPTER,
         )
         self.restore.config.base_model = self.signature.to_dict()
-        self.press = RestoreKVPress(self.restore, hp.chunk_size, hp.overlap)
+        self.press = RestoreKVPress(self.restore, KVzipPress(hp.chunk_size, hp.overlap))
 
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         """State-dict key → parameter of the restore embeddings and the LoRA weights."""

@@ -12,9 +12,12 @@ import torch
 from lkv.core.generation import Sampling, prefill
 from lkv.eval.results import RESULTS_FILE, ResultsFile
 from lkv.eviction.compressor import Compressor
+from lkv.eviction.presses import KVzipPress
+from lkv.eviction.presses.lookaheadkv import LookaheadKVPress
 from lkv.eviction.presses.restorekv import RestoreKVPress, check_restore_folder
 from lkv.eviction.registry import make_method, press_arg_names
 from lkv.eviction.selector import Selection
+from lkv.model.lookahead import LookaheadAdapter
 from lkv.model.restore import RestoreAdapter
 from tests.conftest import build_tiny_model, tiny_needle_task
 from tests.eviction.conftest import prompt
@@ -44,20 +47,40 @@ def kvzip_scores(model, tokenizer, ids: torch.Tensor) -> torch.Tensor:
     return Compressor(model, tokenizer, make_method("kvzip", chunk_size=CHUNK)).score(ids).scores
 
 
-@pytest.mark.parametrize("head_budget", ["equal", "adaptive"])
-def test_restorekv_decodes_as_the_masked_full_sequence(tiny_model, head_budget):
+def restore_press(model, restore_ids: torch.Tensor, evictor: str) -> RestoreKVPress:
+    """RestoreKV with token restore tokens over KVzip, or over a lookahead module (non-zero LoRA) on the same
+    model, the restore module's LoRA beside the lookahead module's."""
+    if evictor == "kvzip":
+        return RestoreKVPress(token_restore(model, restore_ids), KVzipPress(CHUNK))
+    lookahead = LookaheadAdapter.create(model, num_tokens=4, lora_rank=2, seed=0)
+    randomise_lora(lookahead)
+    adapter = RestoreAdapter.create(
+        lookahead.model, num_tokens=N, lora_rank=2, seed=0, adapter_name="restorekv"
+    )
+    adapter.embeddings.data.copy_(model.get_input_embeddings().weight[restore_ids].float())
+    return RestoreKVPress(adapter, LookaheadKVPress(lookahead, kernel=1))
+
+
+@pytest.mark.parametrize(
+    ("evictor", "head_budget"), [("kvzip", "equal"), ("kvzip", "adaptive"), ("lookaheadkv", "equal")]
+)
+def test_restorekv_decodes_as_the_masked_full_sequence(tiny_model, evictor, head_budget):
     model, tokenizer = tiny_model
     ids = prompt(model, PROMPT_LEN)
     restore_ids = torch.tensor([11, 12, 13, 14])
-    press = RestoreKVPress(token_restore(model, restore_ids), chunk_size=CHUNK)
-    compressor = Compressor(
-        model, tokenizer, press, budget=BUDGET, selection=Selection(head_budget=head_budget)
-    )
+    press = restore_press(model, restore_ids, evictor)
+    selection = Selection(head_budget=head_budget)
+    compressor = Compressor(model, tokenizer, press, budget=BUDGET, selection=selection)
     compressed = compressor.compress(ids)
     layers, kv_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
 
-    # KVzip's scores; C − n context entries per head (per layer under `adaptive`), then the n restore slots
-    assert torch.equal(compressed.scores, kvzip_scores(model, tokenizer, ids))
+    # the evictor's scores; C − n context entries per head (per layer under `adaptive`), then the n restore slots
+    if evictor == "kvzip":
+        assert torch.equal(compressed.scores, kvzip_scores(model, tokenizer, ids))
+    else:
+        cache, _ = prefill(model, ids)
+        want = press.evictor.adapter.predict(cache, PROMPT_LEN)
+        torch.testing.assert_close(compressed.scores, want, atol=0, rtol=0)
     assert compressed.prompt_len == PROMPT_LEN + N and compressed.kept_per_layer == [BUDGET] * layers
     restored = list(range(PROMPT_LEN, PROMPT_LEN + N))
     for layer, kept in enumerate(compressed.kept):
@@ -95,7 +118,9 @@ def test_the_lora_acts_in_the_restore_pass_only(tiny_llama):
     # outside the pass the model is the base model: the same prefill, the same context entries
     again, again_logits = prefill(model, ids)
     torch.testing.assert_close(again_logits, logits, atol=0, rtol=0)
-    compressed = Compressor(model, tokenizer, RestoreKVPress(adapter, CHUNK), budget=BUDGET).compress(ids)
+    compressed = Compressor(
+        model, tokenizer, RestoreKVPress(adapter, KVzipPress(CHUNK)), budget=BUDGET
+    ).compress(ids)
     kvzip = Compressor(model, tokenizer, make_method("kvzip", chunk_size=CHUNK), budget=BUDGET - N)
     evicted = kvzip.compress(ids)
     for layer, (mine, theirs) in enumerate(zip(compressed.cache.layers, evicted.cache.layers, strict=True)):
@@ -110,12 +135,12 @@ def test_a_budget_that_holds_the_prompt_neither_evicts_nor_restores(tiny_llama):
     adapter = RestoreAdapter.create(model, num_tokens=N, lora_rank=2, seed=0)
     randomise_lora(adapter)
     want = model.generate(ids, max_new_tokens=6, do_sample=False)[0, PROMPT_LEN:].tolist()
-    compressor = Compressor(model, tokenizer, RestoreKVPress(adapter, CHUNK), budget=PROMPT_LEN)
+    compressor = Compressor(model, tokenizer, RestoreKVPress(adapter, KVzipPress(CHUNK)), budget=PROMPT_LEN)
     assert compressor.generate(ids, Sampling(max_new_tokens=6)).token_ids == want
     compressed = compressor.compress(ids)
     assert compressed.kept is None and compressed.prompt_len == PROMPT_LEN
     with pytest.raises(ValueError, match="no room for the context beside its 4 restore tokens"):
-        Compressor(model, tokenizer, RestoreKVPress(adapter, CHUNK), budget=N).compress(ids)
+        Compressor(model, tokenizer, RestoreKVPress(adapter, KVzipPress(CHUNK)), budget=N).compress(ids)
 
 
 def test_a_restore_folder_loads_as_saved_and_is_checked_before_any_model(
@@ -130,7 +155,7 @@ def test_a_restore_folder_loads_as_saved_and_is_checked_before_any_model(
     names = {path.name for path in (tmp_path / "restore").iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "restore_embeddings.safetensors"} <= names
     check_restore_folder("restorekv", {"folder": str(tmp_path / "restore")})
-    assert press_arg_names("restorekv") == ("folder", "chunk_size", "overlap")
+    assert press_arg_names("restorekv") == ("folder", "chunk_size", "overlap", "scores")
 
     fresh, _ = make_tiny_model("llama")
     loaded = make_method("restorekv", folder=tmp_path / "restore", model=fresh, chunk_size=CHUNK)
@@ -150,7 +175,8 @@ def test_a_restore_folder_loads_as_saved_and_is_checked_before_any_model(
         check_restore_folder("restorekv", {"folder": str(tmp_path / "restore")})
 
 
-def test_lkv_eval_runs_restorekv_from_its_press_args(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("scores", ["kvzip", "lookaheadkv"])
+def test_lkv_eval_runs_restorekv_from_its_press_args(tiny_corpus, tmp_path, scores):
     import lkv.commands.eval
 
     model, tokenizer = build_tiny_model("llama", max_position_embeddings=512)
@@ -159,15 +185,25 @@ def test_lkv_eval_runs_restorekv_from_its_press_args(tiny_corpus, tmp_path):
     adapter = RestoreAdapter.create(model, num_tokens=N, lora_rank=2, seed=0)
     randomise_lora(adapter)
     adapter.save(tmp_path / "restore")
+    lookahead = {}
+    if scores == "lookaheadkv":  # the lookahead module selects, beside its own rows
+        fresh, _ = build_tiny_model("llama")
+        module = LookaheadAdapter.create(fresh, num_tokens=4, lora_rank=2, seed=0)
+        randomise_lora(module)
+        module.save(tmp_path / "adapter")
+        lookahead = {"adapter": str(tmp_path / "adapter")}
     lkv.commands.eval.evaluate(
         tasks=[tiny_needle_task(tiny_corpus, lengths=(60,), max_new_tokens=2)],
-        methods=("fullkv", "kvzip", "restorekv"),
-        press_args={"restorekv": {"folder": str(tmp_path / "restore"), "chunk_size": CHUNK}},
+        methods=("fullkv", "kvzip", "restorekv", *(["lookaheadkv"] if lookahead else [])),
+        press_args={
+            "restorekv": {"folder": str(tmp_path / "restore"), "chunk_size": CHUNK, "scores": scores}
+        },
         budgets=(BUDGET,),
         settings=("aware", "agnostic"),
         output=str(tmp_path / "eval"),
         model=str(tmp_path / "model"),
         progress=False,
+        **lookahead,
     )
     rows = {(r["method"], r["setting"]): r for r in ResultsFile(tmp_path / "eval" / RESULTS_FILE).rows}
     for setting in ("aware", "agnostic"):
