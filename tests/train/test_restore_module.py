@@ -4,15 +4,18 @@ tokens only, and a checkpoint exports to the folder the press loads."""
 import lightning as L
 import pytest
 import torch
+import yaml
 from torch.utils.data import DataLoader
 
 import lkv.train.restore_module
+from lkv.cli import main as lkv_main
 from lkv.core.generation import prefill
 from lkv.eviction.registry import make_method
 from lkv.model.restore import RestoreAdapter
 from lkv.train.export import export_checkpoint
 from lkv.train.optim import OptimSettings
 from lkv.train.restore_module import RestoreKVModule
+from tests.cli.conftest import fit_settings, make_workspace
 from tests.conftest import build_tiny_model
 
 # C = 6 of 40-48 tokens: 2 context entries per KV head beside the 4 restore tokens
@@ -100,3 +103,35 @@ def test_a_checkpoint_exports_the_folder_the_press_loads(tmp_path):
         want = module.restore.restore(cache, ids.shape[1])
     for mine, theirs in zip(got.keys + got.values, want.keys + want.values, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+def test_lkv_fit_export_and_generate_with_restorekv(tmp_path, capsys, monkeypatch):
+    monkeypatch.undo()  # the real loader: `lkv fit` reads the tiny model's saved folder
+    root = make_workspace(tmp_path)
+    run = tmp_path / "run"
+    settings = fit_settings(root, run, max_steps=3)
+    settings["trainer"]["callbacks"] = settings["trainer"]["callbacks"][:1]  # the checkpoint after every step
+    settings["model"] = {
+        "class_path": "lkv.train.restore_module.RestoreKVModule",
+        "init_args": {
+            "model": str(root / "model"),
+            "num_restore": 2,
+            "lora_rank": 2,
+            "budget": 8,
+            "chunk_size": 16,
+            "optim": {"lr": 1e-3},
+        },
+    }
+    config = tmp_path / "restorekv.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    lkv_main(["fit", "--config", str(config)])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert all(key.startswith("restore.") for key in torch.load(ckpt, weights_only=False)["state_dict"])
+    lkv_main(["export", "--ckpt", str(ckpt), "--output", str(tmp_path / "restore")])
+    assert "exported the n=2 restore module" in capsys.readouterr().out
+    folder = str(tmp_path / "restore")
+    lkv_main(
+        ["generate", "--prompt", "alpha beta gamma " * 8, "--method", "restorekv", "--budget", "8"]
+        + ["--press_args", f"{{folder: {folder}, chunk_size: 16}}", "--max_new_tokens", "3"]
+    )
+    assert "[restorekv, budget 8," in capsys.readouterr().err
