@@ -18,9 +18,8 @@ import tempfile
 import torch
 from transformers.utils import logging as hf_logging
 
-from lkv.integrations.kvpress_reference import kvzip_sink
+from lkv.integrations.kvpress_reference import heldout_prompts, kvzip_sink
 from lkv.integrations.kvpress_restorekv import restorekv_parity
-from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.model.backbone import load_backbone
 from lkv.model.restore import NUM_RESTORE_TOKENS, RestoreAdapter
 
@@ -36,26 +35,14 @@ def main() -> None:
     model, tokenizer = load_backbone("smollm2-135m")
     with tempfile.TemporaryDirectory() as folder:
         random_restore_folder(folder)
-        source = BuiltinPrompts(
-            split="heldout",
-            num_prompts=args.prompts,
-            min_words=args.min_words,
-            max_words=args.max_words,
-            retrieval_fraction=0.0,
-            code_fraction=0.0,
-        )
         rows: dict[str, list] = {}
         lengths = []
-        for prompt in source:
-            ids = tokenizer.apply_chat_template(
-                prompt.messages, add_generation_prompt=True, return_tensors="pt"
-            )
-            ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        for prompt_id, ids in heldout_prompts(tokenizer, args.prompts, args.min_words, args.max_words):
             lengths.append(ids.shape[1])
             for name, budget in {"64": 64, "128": 128, "S/2": ids.shape[1] // 2}.items():
                 parity = restorekv_parity(model, tokenizer, ids, folder, budget, kvzip_sink(tokenizer, ids))
                 rows.setdefault(name, []).append(parity)
-            print(f"prompt {prompt.id}: {ids.shape[1]} tokens", flush=True)
+            print(f"prompt {prompt_id}: {ids.shape[1]} tokens", flush=True)
 
     print(f"\n{len(lengths)} held-out prompts of {min(lengths)}–{max(lengths)} tokens, SmolLM2-135M, sdpa\n")
     print(
