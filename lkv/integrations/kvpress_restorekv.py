@@ -58,17 +58,16 @@ class KvpressRun:
     restored: AppendedKV
 
 
-def kvpress_restorekv(
-    model: PreTrainedModel, ids: torch.Tensor, folder: str | Path, budget: int, n_sink: int
-) -> KvpressRun:
-    """kvpress's ``RestoreKVPress(layerwise=True, n_sink=n_sink)`` on a copy of ``model`` (whose
-    ``config.name_or_path`` holds its tokenizer, as kvpress's KVzip loads it), keeping ``budget`` entries per KV
-    head, restore slots included."""
+def kvpress_press(
+    net: PreTrainedModel, folder: str | Path, budget: int, prompt_len: int, n_sink: int
+) -> KvpressRestoreKV:
+    """kvpress's ``RestoreKVPress(layerwise=True, n_sink=n_sink)`` (recording its last step) with ``folder``'s
+    restore weights, without the hub: its LoRA is loaded into ``net`` (in place, off), and its ratio keeps
+    ``budget`` entries per KV head of a ``prompt_len``-token context, restore slots included.
+    ``net.config.name_or_path`` must hold its tokenizer (kvpress's KVzip loads it from there)."""
     folder = Path(folder)
-    net = copy.deepcopy(model)
-    prompt_len, kv_heads = ids.shape[1], net.config.num_key_value_heads
-    # layer-wise, kvpress evicts int(kv_heads · S · (ratio + n / S)) entries of each layer
-    n = RestoreAdapter.read_folder(folder).num_tokens
+    kv_heads = net.config.num_key_value_heads
+    # layer-wise, kvpress evicts int(kv_heads · S · (ratio + n / S)) entries of each layer: keep C · kv_heads
     ratio = (kv_heads * (prompt_len - budget) + 0.5) / (kv_heads * prompt_len)
     press = _Recorder(compression_ratio=ratio, n_sink=n_sink, layerwise=True)
     press.restore_model_name = f"higokri/RestoreKV-{net.config.name_or_path.split('/')[-1]}"
@@ -76,11 +75,25 @@ def kvpress_restorekv(
     press.restore_embeddings = embeddings.to(net.device, dtype=net.dtype)
     net.load_adapter(str(folder), adapter_name=press.adapter_name)
     net.disable_adapters()
+    return press
+
+
+def kvpress_restorekv(
+    model: PreTrainedModel, ids: torch.Tensor, folder: str | Path, budget: int, n_sink: int
+) -> KvpressRun:
+    """:func:`kvpress_press` on a copy of ``model`` run on the context ``ids (1, S)`` as kvpress's pipeline
+    prefills it: what it kept and restored."""
+    net = copy.deepcopy(model)
+    prompt_len = ids.shape[1]
+    press = kvpress_press(net, folder, budget, prompt_len, n_sink)
     cache = DynamicCache(config=net.config)
     with press(net), torch.no_grad():
         net.model(input_ids=ids, past_key_values=cache)
-    if int((press.kept[0] >= 0).sum()) != kv_heads * (budget - n):
-        raise RuntimeError(f"kvpress kept {int((press.kept[0] >= 0).sum())} entries in layer 0")
+    expected = net.config.num_key_value_heads * (budget - press.num_restore_tokens)
+    if int((press.kept[0] >= 0).sum()) != expected:
+        raise RuntimeError(
+            f"kvpress kept {int((press.kept[0] >= 0).sum())} entries in layer 0, not {expected}"
+        )
     keys = [layer.keys[:, :, prompt_len:] for layer in cache.layers]
     values = [layer.values[:, :, prompt_len:] for layer in cache.layers]
     return KvpressRun(press.kept, press.scores, AppendedKV(keys, values, prompt_len))
