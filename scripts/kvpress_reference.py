@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from transformers.utils import logging as hf_logging
 
-from lkv.integrations.kvpress_reference import default_checks, describe, kvzip_sink, reference_overlaps
-from lkv.labels.builtin_prompts import BuiltinPrompts
+from lkv.integrations.kvpress_reference import (
+    default_checks,
+    describe,
+    heldout_prompts,
+    kvzip_sink,
+    reference_overlaps,
+)
 from lkv.model.backbone import load_backbone
 
 
@@ -33,26 +37,16 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     model, tokenizer = load_backbone("smollm2-135m", attn_implementation="eager")
-    source = BuiltinPrompts(
-        split="heldout",
-        num_prompts=args.prompts,
-        min_words=args.min_words,
-        max_words=args.max_words,
-        retrieval_fraction=0.0,
-        code_fraction=0.0,
-    )
     checks = None
     results: dict[tuple[str, str], list[float]] = {}
     lengths = []
-    for prompt in source:
-        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt")
-        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    for prompt_id, ids in heldout_prompts(tokenizer, args.prompts, args.min_words, args.max_words):
         checks = checks or [c for c in default_checks(kvzip_sink(tokenizer, ids)) if pick(c.label, args.only)]
         lengths.append(ids.shape[1])
         budgets = {"64": 64, "128": 128, "S/2": ids.shape[1] // 2}
         for key, values in reference_overlaps(model, ids, checks, budgets, tokenizer).items():
             results.setdefault(key, []).extend(values)
-        print(f"prompt {prompt.id}: {ids.shape[1]} tokens", flush=True)
+        print(f"prompt {prompt_id}: {ids.shape[1]} tokens", flush=True)
 
     print(f"\n{len(lengths)} held-out prompts of {min(lengths)}–{max(lengths)} tokens, SmolLM2-135M, eager\n")
     print("| method | lkv settings | kvpress press | C | min overlap | mean overlap |")

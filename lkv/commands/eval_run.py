@@ -18,6 +18,7 @@ from lkv.eval.runner import Evaluator
 from lkv.eval.tasks import Benchmark, check_settings
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
+from lkv.eviction.presses.restorekv import RestoreKVPress
 from lkv.eviction.registry import ADAPTER_METHOD, roles_of
 from lkv.eviction.selector import Selection
 from lkv.model.backbone import load_backbone
@@ -78,7 +79,8 @@ def model_presses(
 ) -> dict[str, Press]:
     """The presses of ``run``'s methods that need the loaded model: each lookahead module (``module``, the one
     ``--adapter`` names, and the LoRAs of ``--adapters`` loaded beside it on the same model), the probe (one
-    press per probe folder, shared by the methods that fuse it) and the Oracle."""
+    press per probe folder, shared by the methods that fuse it), a RestoreKV module (its ``press_args``' folder;
+    its evictor KVzip, or ``scores: lookaheadkv`` the lookahead module's press) and the Oracle."""
     probes: dict[Path, ProbePress] = {}
 
     def probe_press(path: str | Path | None) -> ProbePress | None:
@@ -109,6 +111,12 @@ def model_presses(
             presses[method] = probe_press(run.probe)
         elif roles.role == "upper bound":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
+    for method in run.methods_run:  # after the lookahead module's press, which may select for it
+        if roles_of(method).requires == "restore":
+            settings = dict(run.recorded_press_args[method])
+            evictor = presses[ADAPTER_METHOD] if settings.pop("scores", None) == ADAPTER_METHOD else None
+            model = net if module is None else module.model  # its LoRA joins a lookahead module's
+            presses[method] = RestoreKVPress.from_folder(model=model, evictor=evictor, **settings)
     return presses
 
 

@@ -15,6 +15,7 @@ from lkv.eviction.names import HeadBudget
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
+from lkv.eviction.presses.restorekv import check_restore_folder
 from lkv.eviction.registry import (
     ADAPTER_METHOD,
     METHODS,
@@ -125,6 +126,15 @@ class EvalSettings:
             )
         for method, own in press_args.items():
             check_press_args(method, own)
+        for method in self.methods_run:
+            if roles_of(method).requires == "restore":
+                own = press_args.get(method, {})
+                check_restore_folder(method, own)
+                if own.get("scores") == ADAPTER_METHOD and ADAPTER_METHOD not in self.methods_run:
+                    raise ValueError(
+                        f"press_args for {method}: scores: {ADAPTER_METHOD} selects with the module of --adapter: "
+                        f"evaluate {ADAPTER_METHOD} too (--adapter)"
+                    )
 
     @property
     def folders(self) -> dict[str, str | None]:

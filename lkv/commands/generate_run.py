@@ -4,6 +4,7 @@ transformers are imported here, once the options are parsed and checked, so `lkv
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -14,9 +15,11 @@ from lkv.core.generation import Sampling
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_lookahead
-from lkv.eviction.registry import make_method
+from lkv.eviction.presses.restorekv import RestoreKVPress
+from lkv.eviction.registry import make_method, roles_of
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
+from lkv.model.restore import RestoreAdapter
 from lkv.train.export import resolve_adapter, resolve_probe
 
 
@@ -57,7 +60,8 @@ def generate_answer(run: GenerateSettings) -> None:
 
 def load_press(run: GenerateSettings) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Press]:
     """The model, its tokenizer and ``run``'s press: a lookahead module with its settings (and fused probe), a
-    probe on its base model (``--model``, else the one its folder names, else the default), or a training-free
+    probe or a RestoreKV module (``--press_args '{folder: ...}'``) on its base model (``--model``, else the one its
+    folder names, else the default), or a training-free
     method on ``--model`` (default: the embedded one)."""
     model, options = run.model, {"dtype": run.dtype, "attn_implementation": run.attn_implementation}
     if run.adapter is not None:
@@ -76,5 +80,12 @@ def load_press(run: GenerateSettings) -> tuple[PreTrainedModel, PreTrainedTokeni
         base = model or read_probe_config(folder).extra.get("model") or DEFAULT_MODEL
         net, tokenizer = load_backbone(base, **options, device=run.device)
         return net, tokenizer, ProbePress.from_folder(folder, net)
+    if roles_of(run.method).requires == "restore":  # a RestoreKV folder: on the model it names
+        settings = {k: v for k, v in (run.press_args or {}).items() if k != "scores"}  # KVzip (checked)
+        base = (
+            model or RestoreAdapter.read_folder(Path(settings["folder"])).extra.get("model") or DEFAULT_MODEL
+        )
+        net, tokenizer = load_backbone(base, **options, device=run.device)
+        return net, tokenizer, RestoreKVPress.from_folder(model=net, **settings)
     net, tokenizer = load_backbone(model or DEFAULT_MODEL, **options, device=run.device)
     return net, tokenizer, make_method(run.method, **(run.press_args or {}))

@@ -12,6 +12,7 @@ from lkv.core.files import read_text
 from lkv.eviction.names import FusionRule, HeadBudget, MethodName, PresetName
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
+from lkv.eviction.presses.restorekv import check_restore_folder
 from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, check_press_args, roles_of
 from lkv.eviction.selector import Selection
 
@@ -128,6 +129,13 @@ class GenerateSettings:
             raise ValueError(
                 f"--press_args: --method {PROBE_METHOD} takes none (its settings come from its folder)"
             )
+        elif requires == "restore":
+            check_restore_folder(self.method, self.press_args or {})
+            if (self.press_args or {}).get("scores", "kvzip") != "kvzip":
+                raise ValueError(
+                    "--press_args: scores: lkv generate evicts with KVzip under restorekv (lkv eval takes "
+                    "scores: lookaheadkv beside --adapter)"
+                )
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a derived field of the frozen instance, set once here

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PretrainedConfig
@@ -63,6 +64,43 @@ class CompressedCache(DynamicCache):
     def layer_lengths(self) -> list[int]:
         """Cached entries per layer."""
         return [layer.get_seq_length() for layer in self.layers]
+
+
+@dataclass
+class AppendedKV:
+    """Entries a method adds to a compressed cache after its eviction (RestoreKV's restore tokens).
+
+    Attributes:
+        keys, values: per layer ``(1, kv_heads, n, head_dim)``, RoPE applied at positions ``first..first+n-1``.
+        first: the position of the first entry (the prompt length ``S``: they follow the prompt).
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    first: int
+
+    @property
+    def length(self) -> int:
+        """``n``, entries per KV head in each layer."""
+        return self.keys[0].shape[2]
+
+    def positions(self, layer_idx: int) -> torch.Tensor:
+        """``(1, kv_heads, n)`` positions of layer ``layer_idx``'s entries, in a kept index's layout."""
+        keys = self.keys[layer_idx]
+        span = torch.arange(self.first, self.first + self.length, device=keys.device)
+        return span.expand(1, keys.shape[1], -1)
+
+
+def append_entries(cache: DynamicCache, appended: AppendedKV) -> None:
+    """Add ``appended``'s entries after every layer's entries of ``cache``, in place; they are never masked
+    (a layer's key mask covers only the entries before them: :func:`key_mask`)."""
+    if len(appended.keys) != len(cache.layers):
+        raise ValueError(
+            f"got appended entries for {len(appended.keys)} layers, the cache has {len(cache.layers)}"
+        )
+    for layer, keys, values in zip(cache.layers, appended.keys, appended.values, strict=True):
+        layer.keys = torch.cat([layer.keys, keys.to(layer.keys)], dim=2)
+        layer.values = torch.cat([layer.values, values.to(layer.values)], dim=2)
 
 
 def gather_cache(

@@ -40,7 +40,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.budget import Budget
-from lkv.core.cache import cache_bytes, gather_cache
+from lkv.core.cache import AppendedKV, append_entries, cache_bytes, gather_cache
 from lkv.core.chat import encode_context, encode_question, render_chat
 from lkv.core.clock import clock
 from lkv.core.generation import (
@@ -211,19 +211,23 @@ class Compressor:
         budget = self.budget if budget is None else Budget.of(budget)
         budgets = self.layer_budgets(budget, scored.prompt_len)
         start = clock(self.device)
-        kept = None
+        kept, appended = None, None
         if any(layer_budget < scored.prompt_len for layer_budget in budgets):
             if scored.scores is None:
                 raise ValueError("this prompt was prefilled without scores; score it with Compressor.score()")
             kept = self.select(scored.scores, scored.ids, budget, budgets)
+            appended = self._appended(scored)  # on the full cache, before it is gathered
             cache = gather_cache(scored.cache, kept, in_place)  # copies only the kept entries
+            if appended is not None:
+                append_entries(cache, appended)
+                kept = [torch.cat([index, appended.positions(i)], dim=2) for i, index in enumerate(kept)]
         else:  # nothing to evict: the answer grows its own copy of the cache
             cache = scored.cache if in_place else copy.deepcopy(scored.cache)
         evicted = clock(self.device)
         return CompressedPrompt(
             cache=cache,
             next_logits=scored.next_logits,
-            prompt_len=scored.prompt_len,
+            prompt_len=scored.prompt_len + (0 if appended is None else appended.length),
             kept=kept,
             scores=scored.scores,
             kv_bytes_full=scored.kv_bytes_full,
@@ -233,6 +237,19 @@ class Compressor:
             layer_budgets=budgets,
             budget=budget,
         )
+
+    def _appended(self, scored: ScoredPrompt) -> AppendedKV | None:
+        """The press's entries to add after eviction (:meth:`Press.appended`), from ``scored``'s full cache."""
+        ctx = PressContext(
+            self.model, scored.ids, scored.cache, scored.next_logits, None, self.eos_token_ids, self.tokenizer
+        )
+        appended = self.press.appended(ctx)
+        if appended is not None and self.decode_policy is not None:
+            raise ValueError(
+                f"{self.press.name} adds entries of its own after eviction; the decode-time policy "
+                f"{self.decode_policy.name} seeds from the prompt's scores and cannot rank them"
+            )
+        return appended
 
     def select(
         self,

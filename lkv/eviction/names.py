@@ -24,6 +24,7 @@ MethodName = Literal[
     "random",
     "expected_attention",
     "kvzip",
+    "restorekv",
     "keydiff",
     "laq",
     "speckv",
@@ -34,9 +35,9 @@ MethodName = Literal[
 """The registered methods' names, in the registry's order (the choices of ``--method`` / ``--methods``)."""
 
 DEFAULT_METHODS: tuple[MethodName, ...] = tuple(
-    name for name in get_args(MethodName) if name not in ("probe", "kvzip", "laq", "speckv")
+    name for name in get_args(MethodName) if name not in ("probe", "kvzip", "restorekv", "laq", "speckv")
 )
-"""The methods ``lkv eval`` runs by default (the default of ``--methods``): every registered method but the four
+"""The methods ``lkv eval`` runs by default (the default of ``--methods``): every registered method but the five
 the registry leaves out of :data:`lkv.eviction.registry.DEFAULT_METHODS`, in its order (a test holds the two
 equal)."""
 

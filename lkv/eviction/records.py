@@ -23,9 +23,12 @@ class CompressedPrompt:
     Attributes:
         cache: the (compressed) cache; layer ``l`` holds ``(1, kv_heads, C_l, head_dim)``.
         next_logits: ``(1, vocab)`` logits after the last prompt token.
-        prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``.
-        kept: per layer ``(1, kv_heads, C_l)`` kept positions (ascending; ``-1``: a padding slot of an
-            ``adaptive`` head budget), or ``None`` when nothing was evicted.
+        prompt_len: ``S``, the uncompressed length: new tokens get position ids ``S, S+1, ...``; with ``n``
+            entries a method appended after eviction (:meth:`~lkv.eviction.presses.base.Press.appended`),
+            ``S + n`` (they sit at ``S..S+n-1``).
+        kept: per layer ``(1, kv_heads, C_l)`` the position of each cache slot (the kept prompt positions
+            ascending, ``-1`` for a padding slot of an ``adaptive`` head budget, then any appended entries'
+            ``S..S+n-1``), or ``None`` when nothing was evicted.
         scores: the press's ``(1, layers, kv_heads, S)`` scores, or ``None`` when nothing was evicted.
         kv_bytes_full, kv_bytes_kept: bytes of the key/value tensors before and after eviction (allocated:
             padding slots of an ``adaptive`` head budget included).

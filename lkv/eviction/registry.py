@@ -34,9 +34,10 @@ from lkv.eviction.presses import (
 )
 from lkv.eviction.presses.lookahead_settings import KEYS as LOOKAHEAD_KEYS
 from lkv.eviction.presses.lookaheadkv import lookahead_press
+from lkv.eviction.presses.restorekv import RESTORE_SETTINGS, RestoreKVPress
 
 Role = Literal["method", "reference", "upper bound"]
-Requirement = Literal["", "adapter", "probe"]
+Requirement = Literal["", "adapter", "probe", "restore"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ class Roles:
             answer, so its scores come from the answer, not from a press on the prompt).
         requires: what the method needs beside the model: ``adapter`` (a trained lookahead module; every
             ``<name>:<module>`` of it, e.g. ``lookaheadkv:s1`` of ``lkv eval --adapters``, is the same method on
-            another module), ``probe``, or nothing.
+            another module), ``probe``, ``restore`` (a trained RestoreKV folder, ``press_args``' ``folder``),
+            or nothing.
         evicts: False for a method that keeps the whole cache (FullKV, Quest): no baseline to beat.
         unranked: why the importance task has no ranking of the method to score ("": it has one).
     """
@@ -152,6 +154,15 @@ _REGISTERED = (
         "max attention of a pass that repeats the context (question-agnostic; a second pass over the prompt)",
         default=False,
     ),
+    Method(
+        "restorekv",
+        RestoreKVPress.from_folder,
+        "prefill",
+        "KVzip evicts; `n` trained restore tokens' K/V, from one LoRA pass over the full cache, fill `n` of each head's `C` slots",
+        default=False,
+        needs="a restore folder (`press_args: {restorekv: {folder: ...}}`)",
+        roles=Roles(requires="restore"),
+    ),
     Method("keydiff", KeyDiffPress, "prefill", "keys least similar to the layer's mean key; no attention"),
     Method(
         "laq",
@@ -208,6 +219,8 @@ ADAPTER_METHOD = _only(requires="adapter")
 """The method of a trained lookahead module (``lookaheadkv``); ``lookaheadkv:<name>`` names another module."""
 PROBE_METHOD = _only(requires="probe")
 """The method of a trained per-token probe (``probe``)."""
+RESTORE_METHOD = _only(requires="restore")
+"""The method of a trained RestoreKV module (``restorekv``), built on the loaded model from ``press_args``."""
 
 
 def roles_of(name: str) -> Roles:
@@ -229,12 +242,16 @@ def make_method(name: str, **settings) -> Press:
 def press_arg_names(name: str) -> tuple[str, ...]:
     """The keys ``press_args`` may give the method evaluated as ``name`` (``<name>:<module>`` too): a trained
     lookahead module's settings (:data:`~lkv.eviction.presses.lookahead_settings.KEYS`: its press's other
-    arguments are the module, the probe and the tokenizer), else the keyword arguments of the method's build."""
+    arguments are the module, the probe and the tokenizer), a RestoreKV module's
+    (:data:`~lkv.eviction.presses.restorekv.RESTORE_SETTINGS`: its folder and KVzip's chunks), else the keyword
+    arguments of the method's build."""
     method = METHODS.get(name.lower()) or METHODS.get(name.lower().partition(":")[0])
     if method is None:
         raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
     if method.roles.requires == "adapter":
         return LOOKAHEAD_KEYS
+    if method.roles.requires == "restore":
+        return RESTORE_SETTINGS
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return tuple(p.name for p in inspect.signature(method.build).parameters.values() if p.kind in kinds)
 

@@ -20,7 +20,7 @@ budget. Overlap per layer and KV head is ``|lkv ∩ kvpress| / max(|lkv|, |kvpre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +46,7 @@ from lkv.eviction.presses import Press, PressContext
 from lkv.eviction.presses.kvzip import template_parts
 from lkv.eviction.registry import make_method
 from lkv.eviction.selector import DEFAULT_SELECTION, SAFEGUARD, Selection, select_indices
+from lkv.labels.builtin_prompts import BuiltinPrompts
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,24 @@ def reference_overlaps(
             kept = select_indices(scores, layer_budgets, check.selector.protecting(sink, recent))
             results[(check.label, name)] = overlaps(kept, reference)
     return results
+
+
+def heldout_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: int, min_words: int, max_words: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(id, ids (1, S))`` of ``prompts`` held-out essay prompts (no retrieval or code prompts) of
+    ``min_words``–``max_words`` words, in the chat template: the scripts' reference prompts."""
+    source = BuiltinPrompts(
+        split="heldout",
+        num_prompts=prompts,
+        min_words=min_words,
+        max_words=max_words,
+        retrieval_fraction=0.0,
+        code_fraction=0.0,
+    )
+    for prompt in source:
+        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, return_tensors="pt")
+        yield prompt.id, ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
 
 
 def kvzip_sink(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor) -> int:

@@ -93,22 +93,28 @@ def exported_base_model(folder: str | Path) -> str | None:
         raise ValueError(f"{path}: malformed lookahead config ({err})") from err
 
 
-def read_lookahead_folder(folder: Path) -> LookaheadConfig:
+def read_lookahead_folder(
+    folder: Path, config_file: str = CONFIG_FILE, embeddings_file: str = EMBEDDINGS_FILE
+) -> LookaheadConfig:
     """The config of an ``lkv export`` adapter folder, after checking that its weight files are there and
     whole (the embeddings, and the peft LoRA files when the module has LoRA), before any model loads.
 
+    Args:
+        config_file, embeddings_file: the folder's file names (a restore module's differ:
+            :class:`lkv.model.restore.RestoreAdapter`).
+
     Raises:
         FileNotFoundError: a missing file, named.
-        ValueError: a malformed ``lookahead.json`` or an unreadable safetensors file, named.
+        ValueError: a malformed config or an unreadable safetensors file, named.
     """
-    path = folder / CONFIG_FILE
+    path = folder / config_file
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found — is {folder} a folder written by `lkv export`?")
     try:
         config = LookaheadConfig(**json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError) as err:
-        raise ValueError(f"{path}: malformed lookahead config ({err})") from err
-    check_safetensors(folder / EMBEDDINGS_FILE, "the lookahead embeddings")
+        raise ValueError(f"{path}: malformed config ({err})") from err
+    check_safetensors(folder / embeddings_file, "the learned embeddings")
     if config.uses_lora:
         if not (folder / "adapter_config.json").is_file():
             raise FileNotFoundError(f"{folder / 'adapter_config.json'}: not found (the peft LoRA config)")
@@ -147,20 +153,21 @@ def init_embeddings(model: PreTrainedModel, num_tokens: int, init: str, seed: in
     raise ValueError(f"lookahead init must be one of {INITS}, got {init!r}")
 
 
-def unreachable_linears(model: PreTrainedModel) -> list[str]:
+def unreachable_linears(model: PreTrainedModel, read: tuple[str, ...] = ("q_proj", "k_proj")) -> list[str]:
     """Names of the linear layers whose LoRA could never change the predicted scores: in the last decoder layer,
-    everything but the query and key projections.
+    everything but the projections ``read`` (default: the query and key projections).
 
     The lookahead step reads the last layer's attention *rows*, which depend on its queries and keys only;
     its values, output projection and MLP feed nothing after them (no LM head runs). Their LoRA weights would
-    never get a gradient, and DDP would have to search the graph for unused parameters every step.
+    never get a gradient, and DDP would have to search the graph for unused parameters every step. (A restore
+    module reads the last layer's keys and values instead: :class:`lkv.model.restore.RestoreAdapter`.)
     """
     last = model.get_decoder().layers[-1]
     prefix = next(name for name, module in model.named_modules() if module is last)
     return [
         f"{prefix}.{name}"
         for name, module in last.named_modules()
-        if isinstance(module, nn.Linear) and not name.endswith(("q_proj", "k_proj"))
+        if isinstance(module, nn.Linear) and not name.endswith(read)
     ]
 
 
@@ -206,7 +213,15 @@ class LookaheadAdapter(nn.Module):
         adapter_name: the peft name of this module's LoRA (other modules' adapters may share ``model``).
 
     Build with :meth:`create` (training) or :meth:`load` (an exported folder), not with the constructor.
+
+    The class attributes name its folder's files (:data:`CONFIG_FILE`, :data:`EMBEDDINGS_FILE` and the
+    embeddings' safetensors key) and which linear layers get no LoRA (:meth:`excluded_linears`): a subclass with
+    other learned tokens (:class:`lkv.model.restore.RestoreAdapter`) changes them.
     """
+
+    config_file = CONFIG_FILE
+    embeddings_file = EMBEDDINGS_FILE
+    embeddings_key = "embeddings"
 
     def __init__(
         self,
@@ -278,7 +293,7 @@ class LookaheadAdapter(nn.Module):
                 lora_dropout=lora_dropout,
                 # a copy: peft replaces "all-linear" in its config by the names it resolved
                 target_modules=copy.copy(target_modules),
-                exclude_modules=unreachable_linears(
+                exclude_modules=cls.excluded_linears(
                     base
                 ),  # names relative to the base model, as peft matches
                 bias="none",
@@ -311,17 +326,20 @@ class LookaheadAdapter(nn.Module):
             adapter_name: the peft name of this module's LoRA on ``model``.
         """
         folder = Path(folder)
-        config = read_lookahead_folder(folder)
+        config = cls.read_folder(folder)
         if config.hidden_size != model.config.hidden_size:
             raise ValueError(
                 f"{folder}: lookahead module was trained for hidden size {config.hidden_size}, "
                 f"the given model has {model.config.hidden_size}"
             )
-        embeddings = load_file(str(folder / EMBEDDINGS_FILE))["embeddings"]
+        path = folder / cls.embeddings_file
+        embeddings = load_file(str(path)).get(cls.embeddings_key)
+        if embeddings is None:
+            raise ValueError(f"{path}: no tensor named {cls.embeddings_key!r}")
         if tuple(embeddings.shape) != (config.num_tokens, config.hidden_size):
             raise ValueError(
-                f"{folder / EMBEDDINGS_FILE}: embeddings have shape {tuple(embeddings.shape)}, "
-                f"{CONFIG_FILE} says ({config.num_tokens}, {config.hidden_size})"
+                f"{path}: embeddings have shape {tuple(embeddings.shape)}, "
+                f"{cls.config_file} says ({config.num_tokens}, {config.hidden_size})"
             )
         if not isinstance(model, PeftModel):  # a shared PeftModel is frozen already
             model.requires_grad_(False)
@@ -356,10 +374,22 @@ class LookaheadAdapter(nn.Module):
                     if path.is_file():
                         os.replace(path, folder / path.name)
         save_file(
-            {"embeddings": self.embeddings.detach().float().cpu().contiguous()}, str(folder / EMBEDDINGS_FILE)
+            {self.embeddings_key: self.embeddings.detach().float().cpu().contiguous()},
+            str(folder / self.embeddings_file),
         )
         follow_umask(*folder.glob("*.safetensors"))
-        (folder / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
+        (folder / self.config_file).write_text(json.dumps(asdict(self.config), indent=2, sort_keys=True))
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> LookaheadConfig:
+        """The config of a folder :meth:`save` wrote, its files checked (:func:`read_lookahead_folder`)."""
+        return read_lookahead_folder(folder, cls.config_file, cls.embeddings_file)
+
+    @classmethod
+    def excluded_linears(cls, model: PreTrainedModel) -> list[str]:
+        """The linear layers of ``model`` that get no LoRA: those that cannot change the predicted scores
+        (:func:`unreachable_linears`)."""
+        return unreachable_linears(model)
 
     def trainable_parameters(self) -> dict[str, nn.Parameter]:
         """Name → parameter of everything that trains (embeddings + LoRA), names as in ``named_parameters``."""

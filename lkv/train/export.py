@@ -59,15 +59,18 @@ def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
 def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
     """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args).
 
-    A checkpoint whose weights are all ``probe.*`` is a :class:`ProbeModule`'s, any other (``adapter.*``, with
-    or without a probe beside it) a :class:`LookaheadKVModule`'s.
+    A checkpoint whose weights are all ``probe.*`` is a :class:`ProbeModule`'s, all ``restore.*`` a
+    :class:`~lkv.train.restore_module.RestoreKVModule`'s, any other (``adapter.*``, with or without a probe
+    beside it) a :class:`LookaheadKVModule`'s.
     """
     from lkv.train.module import LookaheadKVModule
     from lkv.train.probe_module import ProbeModule
+    from lkv.train.restore_module import RestoreKVModule
 
     state = read_checkpoint(ckpt).get("state_dict", {})
     probe_only = bool(state) and all(key.startswith("probe.") for key in state)
-    module_class = ProbeModule if probe_only else LookaheadKVModule
+    restore_only = bool(state) and all(key.startswith("restore.") for key in state)
+    module_class = ProbeModule if probe_only else RestoreKVModule if restore_only else LookaheadKVModule
     kept = {k: v for k, v in overrides.items() if v is not None}
     return module_class.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False, **kept)
 
@@ -76,10 +79,19 @@ def export_checkpoint(
     ckpt: str | Path, output: str | Path, model: str | None = None, dtype: str | None = None
 ) -> str:
     """Write a checkpoint's lookahead module (peft files + embeddings + ``lookahead.json``, and the probe
-    trained beside it in ``output/probe``) or probe (``probe.json`` + ``probe.safetensors``) to ``output``."""
+    trained beside it in ``output/probe``), probe (``probe.json`` + ``probe.safetensors``) or restore module
+    (:mod:`lkv.model.restore`'s folder) to ``output``."""
     from lkv.train.probe_module import ProbeModule
+    from lkv.train.restore_module import RestoreKVModule
 
     module = load_checkpoint(ckpt, model=model, dtype=dtype)
+    if isinstance(module, RestoreKVModule):
+        config = module.restore.config
+        config.extra["model"] = module.hparams.model  # the folder names its base model
+        module.restore.save(output)
+        return (
+            f"exported the n={config.num_tokens} restore module (lora: {config.target_modules}) to {output}"
+        )
     if isinstance(module, ProbeModule):
         config = module.probe.config
         # the folder names its base model, so loading it needs no `--model`

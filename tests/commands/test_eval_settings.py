@@ -43,8 +43,36 @@ def test_derived_fields_follow_from_the_options():
         ({"methods": ("quest",), "head_budget": "adaptive"}, "--head_budget adaptive spreads"),
         ({"press_args": {"fullkv": {}}}, r"press_args given for \['fullkv'\]"),
         ({"methods": ("probe",)}, "--probe is required by the probe method"),
+        ({"methods": ("restorekv",)}, "press_args for restorekv: give the trained restore folder"),
+        (
+            {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "/nowhere"}}},
+            "press_args for restorekv: folder: /nowhere/restorekv.json: not found",
+        ),
+        (
+            {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "x", "window": 4}}},
+            "press_args for restorekv: unknown key window; restorekv takes folder, chunk_size, overlap, scores",
+        ),
+        (
+            {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "x", "scores": "snapkv"}}},
+            "press_args for restorekv: scores: expected one of kvzip, lookaheadkv, got 'snapkv'",
+        ),
     ],
 )
 def test_a_bad_option_is_refused_naming_its_flag(changes, message):
     with pytest.raises(ValueError, match=message):
         EvalSettings(**defaults(**changes))
+
+
+def test_restorekv_selects_with_the_lookahead_module_only_beside_it(tmp_path):
+    from lkv.model.restore import RestoreAdapter
+    from tests.conftest import build_tiny_model
+
+    model, _ = build_tiny_model("llama")
+    RestoreAdapter.create(model, num_tokens=2, lora_rank=2).save(tmp_path / "restore")
+    args = {"restorekv": {"folder": str(tmp_path / "restore"), "scores": "lookaheadkv"}}
+    with pytest.raises(ValueError, match="scores: lookaheadkv selects with the module of --adapter"):
+        EvalSettings(**defaults(methods=("restorekv",), press_args=args))
+    run = EvalSettings(
+        **defaults(methods=("restorekv",), press_args={"restorekv": {**args["restorekv"], "scores": "kvzip"}})
+    )
+    assert run.recorded_press_args["restorekv"]["scores"] == "kvzip"

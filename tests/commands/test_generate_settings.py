@@ -46,6 +46,12 @@ def test_derived_fields_follow_from_the_options(tmp_path):
             "--kernel, --pooling: settings of --method lookaheadkv",
         ),
         ({"method": "probe"}, ValueError, "--probe is required by --method probe"),
+        ({"method": "restorekv"}, ValueError, "press_args for restorekv: give the trained restore folder"),
+        (
+            {"method": "restorekv", "press_args": {"folder": "/nowhere"}},
+            ValueError,
+            "press_args for restorekv: folder: /nowhere/restorekv.json: not found",
+        ),
     ],
 )
 def test_a_bad_option_is_refused_naming_its_flag(changes, error, message):

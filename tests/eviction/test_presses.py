@@ -31,8 +31,12 @@ from tests.reference import (
 BUDGET = 12
 
 
+# presses that append entries of their own after eviction: their exact reference is in their own test file
+APPENDING = {"restorekv"}  # tests/eviction/test_restorekv.py
+
+
 def test_every_registered_method_is_covered():
-    assert set(SETTINGS) == {m for m in METHODS if METHODS[m].acts == "prefill"}
+    assert set(SETTINGS) | APPENDING == {m for m in METHODS if METHODS[m].acts == "prefill"}
 
 
 @pytest.mark.parametrize("method", list(SETTINGS))

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from lkv.core.attention import AttentionCapture
+from lkv.core.cache import AppendedKV
 
 
 @dataclass
@@ -111,6 +112,12 @@ class Press(ABC):
     def protected(self, prompt_len: int) -> tuple[int, int]:
         """``(sink, recent)``: leading and trailing prompt tokens this method always keeps."""
         return 0, 0
+
+    def appended(self, ctx: PressContext) -> AppendedKV | None:
+        """Entries the method adds to the cache after evicting it (default: none), computed on the full prompt
+        cache of ``ctx`` (which it must leave at ``S`` entries). They follow the prompt (the answer's positions
+        start after them) and :meth:`layer_budgets` must leave them room within the budget."""
+        return None
 
     def layer_budgets(self, budget: int, prompt_len: int, num_layers: int) -> list[int]:
         """Tokens kept per KV head in each layer for a per-head budget ``C`` (default: ``C`` everywhere).
