@@ -83,6 +83,9 @@ class SourcePrompts(PromptSource):
             f"words={self.min_words}..{self.max_words}, fact_formats={list(self.fact_formats)}, seed={self.seed})"
         )
 
+    #: names the random stream of each prompt (``<name>:<seed>:<index>``), one per prompt source class
+    stream = "lkv-sources"
+
     def __iter__(self) -> Iterator[Prompt]:
         doc_ids = {}
         for source in self._sources:
@@ -90,9 +93,13 @@ class SourcePrompts(PromptSource):
             if not doc_ids[source.name]:
                 raise ValueError(f"text source {source.name}: no document on its 'train' split")
         for index in range(self.num_prompts):
-            yield self._prompt(index, random.Random(f"lkv-sources:{self.seed}:{index}"), doc_ids)
+            yield self._prompt(index, random.Random(f"{self.stream}:{self.seed}:{index}"), doc_ids)
 
-    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+    def _passage(
+        self, rng: random.Random, doc_ids: dict[str, list[str]]
+    ) -> tuple[TextSource, str, list[str], int]:
+        """``(source, doc_id, units, words)``: a source drawn uniformly, one of its ``train`` documents and a
+        window of whole units from a random one until ``[min_words, max_words]`` words (or the document's end)."""
         source = rng.choice(self._sources)
         for _attempt in range(100):  # a few documents read as empty (an include-only man page)
             doc_id = rng.choice(doc_ids[source.name])
@@ -110,6 +117,10 @@ class SourcePrompts(PromptSource):
                 break
             window.append(unit)
             words += len(unit.split())
+        return source, doc_id, window, words
+
+    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+        source, doc_id, window, words = self._passage(rng, doc_ids)
         fact = rng.choice(self._facts)
         key = rng.choice(TRAIN_KEYS)
         value = fact.value(rng)
