@@ -5,15 +5,10 @@ import json
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lkv.core.generation import eos_ids
 from lkv.eviction.presses.lookaheadkv import folder_defaults
-from lkv.labels.labeller import label_questions, make_meta
-from lkv.labels.predict import label_setting
-from lkv.labels.shards import ShardWriter, read_meta
-from lkv.model.backbone import model_signature
+from lkv.labels.shards import read_meta
 from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
 from lkv.train.base import CHECKPOINT_SETTING
 from lkv.train.datamodule import LabelDataModule
@@ -22,40 +17,16 @@ from lkv.train.module import LookaheadKVModule
 from tests.conftest import TINY, build_tiny_model, make_label_folder
 
 
-def agnostic_folder(folder, num: int, seed: int):
-    """``num`` tiny-Llama agnostic labels: random contexts of 20.. tokens, each asked two random questions."""
-    model, tokenizer = build_tiny_model("llama")
-    meta = make_meta(
-        model_signature(model, tokenizer, "tiny").to_dict(),
-        response_tokens=3,
-        max_prompt_tokens=256,
-        truncation="error",
-        score_dtype="float32",
-        store_scores=True,
-        prompt_source="test",
-        extra=label_setting("agnostic", "max"),
-    )
-    writer = ShardWriter(folder, meta, shard_size=3)
-    gen = torch.Generator().manual_seed(seed)
-    for i in range(num):
-        context, *questions = (
-            torch.randint(0, 300, (n,), generator=gen).tolist() for n in (20 + 3 * i, 4, 5)
-        )
-        label = label_questions(model, context, questions, 3, eos_ids(model, tokenizer))
-        writer.add(
-            id=f"a{seed}-{i}", prompt_ids=context, response_ids=label.response_ids, scores=label.scores
-        )
-    writer.flush()
-    return folder
-
-
 @pytest.fixture
 def folders(tmp_path):
-    aware_model, tokenizer = build_tiny_model("llama")
+    """Tiny-Llama label folders: ``agnostic`` (4 contexts asked 2 questions each), ``agnostic_val`` (2), ``aware`` (2)."""
+    model, tokenizer = build_tiny_model("llama")
     return {
-        "agnostic": agnostic_folder(tmp_path / "agnostic", 4, 0),
-        "agnostic_val": agnostic_folder(tmp_path / "agnostic_val", 2, 1),
-        "aware": make_label_folder(aware_model, tokenizer, tmp_path / "aware", num=2),
+        "agnostic": make_label_folder(model, tokenizer, tmp_path / "agnostic", questions=2),
+        "agnostic_val": make_label_folder(
+            model, tokenizer, tmp_path / "agnostic_val", num=2, seed=1, questions=2
+        ),
+        "aware": make_label_folder(model, tokenizer, tmp_path / "aware", num=2),
     }
 
 
