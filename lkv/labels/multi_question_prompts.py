@@ -1,7 +1,7 @@
 """Training contexts asked several questions: the prompts of question-agnostic, multi-question labels.
 
 :class:`MultiQuestionPrompts` draws a passage as :class:`~lkv.labels.source_prompts.SourcePrompts` does (the
-``train`` documents of in-group sources only) and plants ``questions`` ``train`` facts in it, one per depth
+``train`` or ``dev`` documents of in-group sources only) and plants ``questions`` ``train`` facts in it, one per depth
 stratum, each with its own training key. A prompt's ``meta["context"]`` is the passage ending in ``"\\n\\n"``
 and ``meta["questions"]`` the facts' questions: the layout of the multi-question evaluation
 (:mod:`lkv.eval.tasks.multi_question`: the context compressed once, each question appended alone), so
@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from typing import Literal
 
 from lkv.labels.facts import TRAIN_KEYS
 from lkv.labels.prompts import Prompt
@@ -33,6 +34,8 @@ class MultiQuestionPrompts(SourcePrompts):
 
     Args:
         questions: ``k``, the facts and questions per context: 1 to ``len(TRAIN_KEYS)``.
+        split: ``train`` documents (training labels) or ``dev`` ones (validation labels); never ``heldout``
+            (the final check's documents).
         others: as :class:`~lkv.labels.source_prompts.SourcePrompts` (a held-out source is refused).
     """
 
@@ -42,6 +45,7 @@ class MultiQuestionPrompts(SourcePrompts):
         self,
         sources: tuple[str, ...] = IN_SOURCES,
         questions: int = 4,
+        split: Literal["train", "dev"] = "train",
         num_prompts: int = 64,
         min_words: int = 1200,
         max_words: int = 1500,
@@ -54,12 +58,17 @@ class MultiQuestionPrompts(SourcePrompts):
                 f"questions: expected 1 to {len(TRAIN_KEYS)} questions per context (k, one training key "
                 f"each), found {questions}"
             )
+        if split not in ("train", "dev"):
+            raise ValueError(
+                f"split: expected 'train' or 'dev' documents, found {split!r} (held-out documents never label)"
+            )
         super().__init__(sources, num_prompts, min_words, max_words, fact_formats, seed, roots)
         self.questions = questions
+        self.split = split
 
     def describe(self) -> str:
         return (
-            f"MultiQuestionPrompts(sources={list(self.sources)}, questions={self.questions}, "
+            f"MultiQuestionPrompts(sources={list(self.sources)}, questions={self.questions}, split={self.split}, "
             f"num_prompts={self.num_prompts}, words={self.min_words}..{self.max_words}, "
             f"fact_formats={list(self.fact_formats)}, seed={self.seed})"
         )
@@ -84,7 +93,7 @@ class MultiQuestionPrompts(SourcePrompts):
         messages = [{"role": "user", "content": context + questions[0]}]
         digest = hashlib.sha256(json.dumps([messages, questions]).encode()).hexdigest()[:8]
         return Prompt(
-            id=f"multiq-s{self.seed}-k{k}-{index:05d}-{digest}",
+            id=f"multiq-{self.split}-s{self.seed}-k{k}-{index:05d}-{digest}",
             messages=messages,
             source=source.name,
             doc_id=doc_id,

@@ -85,20 +85,22 @@ class SourcePrompts(PromptSource):
 
     #: names the random stream of each prompt (``<name>:<seed>:<index>``), one per prompt source class
     stream = "lkv-sources"
+    #: the side of :func:`lkv.labels.sources.document_split` whose documents the passages come from
+    split: str = "train"
 
     def __iter__(self) -> Iterator[Prompt]:
         doc_ids = {}
         for source in self._sources:
-            doc_ids[source.name] = source.doc_ids("train")
+            doc_ids[source.name] = source.doc_ids(self.split)
             if not doc_ids[source.name]:
-                raise ValueError(f"text source {source.name}: no document on its 'train' split")
+                raise ValueError(f"text source {source.name}: no document on its {self.split!r} split")
         for index in range(self.num_prompts):
             yield self._prompt(index, random.Random(f"{self.stream}:{self.seed}:{index}"), doc_ids)
 
     def _passage(
         self, rng: random.Random, doc_ids: dict[str, list[str]]
     ) -> tuple[TextSource, str, list[str], int]:
-        """``(source, doc_id, units, words)``: a source drawn uniformly, one of its ``train`` documents and a
+        """``(source, doc_id, units, words)``: a source drawn uniformly, one of its :attr:`split` documents and a
         window of whole units from a random one until ``[min_words, max_words]`` words (or the document's end)."""
         source = rng.choice(self._sources)
         for _attempt in range(100):  # a few documents read as empty (an include-only man page)

@@ -69,14 +69,15 @@ def make(roots, **kwargs) -> MultiQuestionPrompts:
     return MultiQuestionPrompts(**{**settings, **kwargs})
 
 
-def test_contexts_from_train_documents_hold_each_fact_once_in_its_own_stratum(source_roots):
-    prompts = list(make(source_roots, questions=3))
-    assert len({p.id for p in prompts}) == 8 and [p.id for p in make(source_roots, questions=3)] == [
-        p.id for p in prompts
-    ]
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_contexts_from_their_split_hold_each_fact_once_in_its_own_stratum(source_roots, split):
+    prompts = list(make(source_roots, questions=3, split=split))
+    assert len({p.id for p in prompts}) == 8 and [
+        p.id for p in make(source_roots, questions=3, split=split)
+    ] == [p.id for p in prompts]
     for prompt in prompts:
         meta = prompt.meta
-        assert document_split(prompt.doc_id) == "train" and meta["context"].endswith("\n\n")
+        assert document_split(prompt.doc_id) == split and meta["context"].endswith("\n\n")
         assert len(meta["questions"]) == len(set(meta["answers"])) == 3
         for answer, evidence in zip(meta["answers"], meta["evidence"], strict=True):
             assert meta["context"].count(evidence) == 1 and answer in evidence
@@ -97,6 +98,7 @@ def test_contexts_from_train_documents_hold_each_fact_once_in_its_own_stratum(so
             "is in the held-out group.*no training prompt may use it",
         ),
         ({"fact_formats": ("passphrase",)}, "are evaluation-only"),
+        ({"split": "heldout"}, "split: expected 'train' or 'dev' documents, found 'heldout'"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line(settings, message):
