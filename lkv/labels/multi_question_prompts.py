@@ -26,7 +26,7 @@ class MultiQuestionPrompts(SourcePrompts):
     """Passages of in-group ``train`` documents with ``questions`` planted facts, asked one by one.
 
     Prompt ``i`` depends only on ``seed``, ``i`` and the settings (a longer run extends a shorter one). The
-    passage is cut into ``questions`` equal strata of units; fact ``j`` (a ``train`` format drawn per fact, a
+    passage holds at least ``min_words`` words (documents shorter than that are drawn again) and is cut into ``questions`` equal strata of units; fact ``j`` (a ``train`` format drawn per fact, a
     key of its own) goes at a random unit boundary of a stratum of its own (strata shuffled), so the facts
     spread from the passage's start to its end. ``messages`` hold the context followed by the first question
     (an aware label asks that one); ``meta`` holds ``context``, ``questions``, ``answers``, ``evidence``,
@@ -40,6 +40,7 @@ class MultiQuestionPrompts(SourcePrompts):
     """
 
     stream = "lkv-multi-question"
+    whole_passages = True  # k strata need a passage of its full length, not a document's last lines
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ import hashlib
 import json
 import random
 from collections.abc import Iterator
+from itertools import accumulate
 
 from lkv.labels.facts import TRAIN_KEYS, fact_format
 from lkv.labels.prompts import Prompt, PromptSource
@@ -87,6 +88,9 @@ class SourcePrompts(PromptSource):
     stream = "lkv-sources"
     #: the side of :func:`lkv.labels.sources.document_split` whose documents the passages come from
     split: str = "train"
+    #: passages of at least ``min_words`` words: shorter documents are drawn again, and a window starts where
+    #: the rest of its document holds its drawn length (off: any document, any start; the end cuts it short)
+    whole_passages = False
 
     def __iter__(self) -> Iterator[Prompt]:
         doc_ids = {}
@@ -101,17 +105,26 @@ class SourcePrompts(PromptSource):
         self, rng: random.Random, doc_ids: dict[str, list[str]]
     ) -> tuple[TextSource, str, list[str], int]:
         """``(source, doc_id, units, words)``: a source drawn uniformly, one of its :attr:`split` documents and a
-        window of whole units from a random one until ``[min_words, max_words]`` words (or the document's end)."""
+        window of whole units from a random one until ``[min_words, max_words]`` words (or the document's end;
+        see :attr:`whole_passages`)."""
         source = rng.choice(self._sources)
+        least = self.min_words if self.whole_passages else 1
         for _attempt in range(100):  # a few documents read as empty (an include-only man page)
             doc_id = rng.choice(doc_ids[source.name])
             units = source.units(source.document(doc_id).text)
-            if units:
+            if units and (least == 1 or sum(len(u.split()) for u in units) >= least):
                 break
         else:
-            raise ValueError(f"text source {source.name}: 100 drawn train documents held no text")
+            raise ValueError(
+                f"text source {source.name}: 100 drawn {self.split} documents held no text"
+                + (f" of {least} words (min_words)" if least > 1 else "")
+            )
         target = rng.randint(self.min_words, self.max_words)
-        start = rng.randrange(len(units))
+        if self.whole_passages:
+            rest = list(accumulate(len(u.split()) for u in reversed(units)))[::-1]  # words from each unit on
+            start = rng.choice([i for i, words in enumerate(rest) if words >= target] or [0])
+        else:
+            start = rng.randrange(len(units))
         window: list[str] = []
         words = 0
         for unit in units[start:]:

@@ -65,7 +65,14 @@ def test_no_question_or_an_unknown_reduction_is_refused(tiny_llama):
 
 
 def make(roots, **kwargs) -> MultiQuestionPrompts:
-    settings = {"sources": tuple(roots), "num_prompts": 8, "min_words": 60, "max_words": 90, "roots": roots}
+    """Multi-question prompts of ``source_roots``' copyright files (140 words each: the dialogues' are ~11)."""
+    settings = {
+        "sources": ("debian-copyright",),
+        "num_prompts": 8,
+        "min_words": 30,
+        "max_words": 60,
+        "roots": roots,
+    }
     return MultiQuestionPrompts(**{**settings, **kwargs})
 
 
@@ -81,11 +88,19 @@ def test_contexts_from_their_split_hold_each_fact_once_in_its_own_stratum(source
         assert len(meta["questions"]) == len(set(meta["answers"])) == 3
         for answer, evidence in zip(meta["answers"], meta["evidence"], strict=True):
             assert meta["context"].count(evidence) == 1 and answer in evidence
-        if meta["words"] >= 40:  # a passage of several units (a short document's end cuts some to one)
-            # one fact per third of the passage: the i-th shallowest lies in the i-th third (a boundary's rounding)
-            for i, depth in enumerate(sorted(meta["depths"])):
-                assert i / 3 - 1 / 6 <= depth <= (i + 1) / 3 + 1e-4, meta["depths"]
+        assert 30 <= meta["words"] <= 60 + 7  # a whole passage: the last sentence may pass max_words
+        # one fact per third of the passage (≥ 5 sentences): the i-th shallowest lies in the i-th third
+        for i, depth in enumerate(sorted(meta["depths"])):
+            assert i / 3 - 1 / 5 <= depth <= (i + 1) / 3 + 1e-4, meta["depths"]
         assert prompt.messages == [{"role": "user", "content": meta["context"] + meta["questions"][0]}]
+
+
+def test_a_source_without_documents_of_min_words_is_refused(source_roots):
+    prompts = make(source_roots, sources=("chatterbot-dialogue",))
+    with pytest.raises(
+        ValueError, match="chatterbot-dialogue: 100 drawn train documents held no text of 30 words"
+    ):
+        list(prompts)
 
 
 @pytest.mark.parametrize(
