@@ -23,12 +23,13 @@ from lkv.labels.sources import IN_SOURCES
 
 
 class MultiQuestionPrompts(SourcePrompts):
-    """Passages of in-group ``train`` documents with ``questions`` planted facts, asked one by one.
+    """Passages of in-group ``train`` (or ``dev``) documents with ``questions`` planted facts, asked one by one.
 
     Prompt ``i`` depends only on ``seed``, ``i`` and the settings (a longer run extends a shorter one). The
-    passage holds at least ``min_words`` words (documents shorter than that are drawn again) and is cut into ``questions`` equal strata of units; fact ``j`` (a ``train`` format drawn per fact, a
-    key of its own) goes at a random unit boundary of a stratum of its own (strata shuffled), so the facts
-    spread from the passage's start to its end. ``messages`` hold the context followed by the first question
+    passage holds at least ``min_words`` words (documents shorter than that are drawn again; the defaults make
+    ~1.3-2.3K tokens of prose) and is cut into ``questions`` equal strata of units; fact ``j`` (a ``train``
+    format drawn per fact, a key of its own) goes at a random unit boundary of a stratum of its own (strata
+    shuffled), so the facts spread from the passage's start to its end. ``messages`` hold the context followed by the first question
     (an aware label asks that one); ``meta`` holds ``context``, ``questions``, ``answers``, ``evidence``,
     ``formats`` and ``depths`` (in question order) and ``words``.
 
@@ -48,8 +49,8 @@ class MultiQuestionPrompts(SourcePrompts):
         questions: int = 4,
         split: Literal["train", "dev"] = "train",
         num_prompts: int = 64,
-        min_words: int = 1200,
-        max_words: int = 1500,
+        min_words: int = 1000,
+        max_words: int = 1300,
         fact_formats: tuple[str, ...] = ("magic_number", "serial_code", "iso_date"),
         seed: int = 0,
         roots: dict[str, str] | None = None,
