@@ -28,7 +28,8 @@ from transformers import (
 import lkv.train.module
 from lkv.core.generation import eos_ids
 from lkv.eval.tasks import NeedleTask
-from lkv.labels.labeller import label_prompt, make_meta
+from lkv.labels.labeller import label_prompt, label_questions, make_meta
+from lkv.labels.predict import label_setting
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
 from lkv.train.callbacks import ImportanceImages
@@ -230,8 +231,10 @@ def make_label_folder(
     store_scores: bool = True,
     seed: int = 0,
     shard_size: int = 3,
+    questions: int = 0,
 ) -> Path:
-    """Label ``num`` random prompts of 20..(20+3·num) tokens with 5-token responses."""
+    """Label ``num`` random prompts of 20..(20+3·num) tokens with 5-token responses; with ``questions`` k > 0,
+    agnostic labels of those prompts as contexts, each asked k random 4-token questions (union of them)."""
     meta = make_meta(
         model_signature(model, tokenizer, "tiny").to_dict(),
         response_tokens=5,
@@ -240,12 +243,20 @@ def make_label_folder(
         score_dtype="float32",
         store_scores=store_scores,
         prompt_source="test",
+        extra=label_setting("agnostic", "max") if questions else None,
     )
     writer = ShardWriter(folder, meta, shard_size=shard_size)
     gen = torch.Generator().manual_seed(seed)
     for i in range(num):
         ids = torch.randint(0, model.config.vocab_size, (20 + 3 * i,), generator=gen).tolist()
-        label = label_prompt(model, ids, 5, eos_ids(model, tokenizer), store_scores)
+        if questions:
+            asked = [
+                torch.randint(0, model.config.vocab_size, (4,), generator=gen).tolist()
+                for _ in range(questions)
+            ]
+            label = label_questions(model, ids, asked, 5, eos_ids(model, tokenizer))
+        else:
+            label = label_prompt(model, ids, 5, eos_ids(model, tokenizer), store_scores)
         writer.add(id=f"s{seed}-{i}", prompt_ids=ids, response_ids=label.response_ids, scores=label.scores)
     writer.flush()
     return folder

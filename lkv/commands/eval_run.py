@@ -4,7 +4,9 @@ light."""
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -22,7 +24,7 @@ from lkv.eviction.presses.restorekv import RestoreKVPress
 from lkv.eviction.registry import ADAPTER_METHOD, roles_of
 from lkv.eviction.selector import Selection
 from lkv.model.backbone import load_backbone
-from lkv.model.lookahead import LookaheadAdapter
+from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY, LookaheadAdapter, trained_setting
 from lkv.train.export import resolve_adapter, resolve_probe
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
@@ -104,6 +106,11 @@ def model_presses(
                 )
             else:
                 module_of = module
+            warning = setting_warning(
+                method, resolve_adapter(run.folders[method], run.model), module_of, run.settings
+            )
+            if warning is not None:
+                print(warning, file=sys.stderr)
             presses[method] = lookahead_press(
                 module_of, probe_press(run.module_probes[method]), run.module_settings[method], tokenizer
             )
@@ -118,6 +125,23 @@ def model_presses(
             model = net if module is None else module.model  # its LoRA joins a lookahead module's
             presses[method] = RestoreKVPress.from_folder(model=model, evictor=evictor, **settings)
     return presses
+
+
+def setting_warning(
+    method: str, folder: Path, module: LookaheadAdapter, settings: Sequence[str]
+) -> str | None:
+    """One warning line when ``module`` (of ``method``, exported to ``folder``) runs in a prompt setting of
+    ``settings`` other than the one it was trained for (:func:`lkv.model.lookahead.trained_setting`): an aware
+    module's lookahead tokens learned to read the question, which the agnostic setting compresses without,
+    and an agnostic one never learned to use it. None when every setting is its own."""
+    trained = trained_setting(module.config.extra, str(folder / CONFIG_FILE))
+    others = [s for s in settings if s != trained]
+    if not others:
+        return None
+    return (
+        f"lkv eval: warning: {method}'s module {folder} was trained for the {trained} setting "
+        f"(lookahead.json extra.{SETTING_KEY}) and runs here in the {' and '.join(others)} setting too"
+    )
 
 
 def run_and_report(

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from lkv.commands.label_settings import LabelSettings
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.dataset_prompts import HFDatasetPrompts, JsonlPrompts
+from lkv.labels.multi_question_prompts import MultiQuestionPrompts
 from lkv.labels.prompts import PromptSource
 from lkv.labels.task_mix import TaskMixPrompts
 from lkv.model.assets import DEFAULT_MODEL
@@ -28,6 +29,7 @@ PROMPT_SOURCES: tuple[type[PromptSource], ...] = (
     TaskMixPrompts,
     JsonlPrompts,
     HFDatasetPrompts,
+    MultiQuestionPrompts,
 )
 
 
@@ -53,6 +55,7 @@ def label(
     progress: bool = True,
     label_mode: Literal["aware", "agnostic"] = "aware",
     gold_answers: bool = False,
+    question_reduction: Literal["max", "mean"] = "max",
 ) -> str:
     """Generate each prompt's greedy response and its ground-truth importance, as parquet label shards.
 
@@ -87,8 +90,11 @@ def label(
             attention. ``agnostic``: the module sees only the context (the prompt without its trailing
             question) and the target is the attention that the question *and* the response pay to the context
             — a module for question-agnostic compression. Needs prompts that name their question
-            (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) and stored scores;
-            prompts are labelled one at a time and responses are generated here.
+            (``BuiltinPrompts`` records it in ``meta["question"]``; others are skipped) or their questions
+            (``MultiQuestionPrompts``: a context asked k questions, each labelled alone and reduced by
+            ``question_reduction``) and stored scores; prompts are labelled one at a time and responses are
+            generated here. ``meta.json`` records it as ``extra.setting`` (``lkv fit`` carries it into the
+            module, ``lkv export`` into ``lookahead.json``).
         gold_answers: where a prompt carries its expected answer (``BuiltinPrompts``' find_value facts,
             ``TaskMixPrompts``' asked facts, a JSONL ``answer``) and the generated response misses it,
             teacher-force the sentence that states the answer (a JSONL ``evidence``; else the answer itself) in
@@ -96,13 +102,16 @@ def label(
             labeller answers far facts wrong; experiments/reach/README.md, section 12 measures the effect. Not
             where truncation cut the answer from the prompt. Aware labels generated here only; recorded in
             ``meta.json``.
+        question_reduction: agnostic labels of a context asked several questions: ``max`` (the union, the
+            multi-question Oracle's rule: a token any question needs counts fully, rows renormalised) or
+            ``mean`` (the average); recorded in ``meta.json`` (``extra.question_reduction``).
     """
     run = LabelSettings(**locals())  # every option, checked before anything heavy is imported
     from lkv.commands.label_predict import predict
     from lkv.core.chat import template_kwargs
     from lkv.core.progress import counted
     from lkv.labels.lock import label_folder_lock
-    from lkv.labels.predict import run_meta
+    from lkv.labels.predict import label_setting, run_meta
     from lkv.labels.responses import ResponsesFile
     from lkv.labels.shards import META_FILE, finished_ids, read_meta, shard_files
 
@@ -118,7 +127,7 @@ def label(
             truncation=truncation,
             score_dtype=score_dtype,
             store_scores=store_scores,
-            label_mode=label_mode,
+            setting=label_setting(label_mode, question_reduction),
             extra=run_meta(engine, gold_answers),
             chat_template_kwargs=template_kwargs(enable_thinking),
         )
@@ -145,18 +154,23 @@ def label(
 
 def _check_resumable(output: Path, **settings: Any) -> None:
     """Fail before loading any model when ``output`` holds a run with other settings."""
-    from lkv.labels.shards import META_FILE, read_meta
+    from lkv.labels.shards import META_FILE, REDUCTION_KEY, SETTING_KEY, canonical_extra, read_meta
 
     if not (output / META_FILE).exists():
         return
     meta = read_meta(output)
+    extra = canonical_extra(meta.extra)
     for key, value in settings.items():
-        if key == "label_mode":  # folders from before label modes existed are question-aware
-            found = meta.extra.get(key, "aware")
+        if key == "setting":  # the setting and, for agnostic labels, the question reduction
+            found = {k: extra[k] for k in (SETTING_KEY, REDUCTION_KEY) if k in extra}
         elif key == "chat_template_kwargs":
-            found = meta.extra.get(key)
+            found = extra.get(key)
         elif key == "extra":
-            found = {k: v for k, v in meta.extra.items() if k not in ("label_mode", "chat_template_kwargs")}
+            found = {
+                k: v
+                for k, v in extra.items()
+                if k not in (SETTING_KEY, REDUCTION_KEY, "chat_template_kwargs")
+            }
         else:
             found = getattr(meta, key)
         if found != value:

@@ -34,6 +34,7 @@ def predict(
         run.label_mode,
         run.enable_thinking,
         run.gold_answers,
+        run.question_reduction,
     )
     writer = ShardPredictionWriter(folder, run.prompts.describe(), score_dtype, run.shard_size)
     trainer = L.Trainer(

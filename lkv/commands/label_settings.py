@@ -41,13 +41,23 @@ class LabelSettings:
     progress: bool
     label_mode: Literal["aware", "agnostic"]
     gold_answers: bool
+    question_reduction: Literal["max", "mean"]
     all_prompts: list[Prompt] = field(init=False)
 
     def __post_init__(self) -> None:
-        from lkv.labels.labeller import LABEL_MODES
+        from lkv.labels.labeller import LABEL_MODES, QUESTION_REDUCTIONS
 
         if self.label_mode not in LABEL_MODES:
             raise ValueError(f"--label_mode: expected one of {LABEL_MODES}, found {self.label_mode!r}")
+        if self.question_reduction not in QUESTION_REDUCTIONS:
+            raise ValueError(
+                f"--question_reduction: expected one of {QUESTION_REDUCTIONS}, found {self.question_reduction!r}"
+            )
+        if self.question_reduction != "max" and self.label_mode != "agnostic":
+            raise ValueError(
+                "--question_reduction reduces the questions of agnostic labels; aware labels ask one question "
+                "(give --label_mode agnostic)"
+            )
         if self.label_mode == "agnostic" and not self.store_scores:
             raise ValueError(
                 "--label_mode agnostic needs --store_scores true: online targets are computed from the stored "

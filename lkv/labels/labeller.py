@@ -8,6 +8,7 @@ matrix, no LM head over the prompt, no second prefill.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,8 @@ from lkv.core.importance import response_importance
 from lkv.labels.shards import LabelMeta
 
 LABEL_MODES = ("aware", "agnostic")
+#: How the importances of a context's questions become one label (:func:`reduce_questions`).
+QUESTION_REDUCTIONS = ("max", "mean")
 
 
 @dataclass
@@ -75,29 +78,111 @@ def split_prompt(
 
     Encoded as the question-agnostic evaluation encodes a sample (:func:`lkv.core.chat.encode_context` /
     ``encode_question``), so labels and evaluation cut the prompt at the same token. An over-long prompt
-    follows ``truncation`` on the context's tokens (``middle`` keeps both ends, ``left`` the end; ``skip``
-    returns None; ``error`` raises); the question is never cut. ``enable_thinking`` is the chat template's
-    variable, as :func:`lkv.labels.prompts.render_prompt` passes it.
+    follows ``truncation`` on the context's tokens (:func:`cut_context`); the question is never cut.
+    ``enable_thinking`` is the chat template's variable, as :func:`lkv.labels.prompts.render_prompt` passes it.
     """
     if not content.endswith("\n\n" + question):
         raise ValueError(f"the prompt does not end with its question {question[:60]!r}")
     context = encode_context(tokenizer, content[: -len(question) - 2], enable_thinking)
     asked = encode_question(tokenizer, question, enable_thinking=enable_thinking)
-    overflow = len(context) + len(asked) - max_prompt_tokens
+    kept = cut_context(context, len(asked), max_prompt_tokens, truncation)
+    return None if kept is None else (kept, asked)
+
+
+def split_questions(
+    tokenizer,
+    context: str,
+    questions: Sequence[str],
+    max_prompt_tokens: int,
+    truncation: str,
+    enable_thinking: bool = False,
+) -> tuple[list[int], list[list[int]]] | None:
+    """``(context_ids, [question_ids, ...])`` of a context asked several questions, each appended alone.
+
+    Encoded as the multi-question evaluation encodes its samples (:func:`lkv.eval.tasks.encode_sample` of a
+    sample whose ``context`` is this text, ending with its own separator, e.g. ``"...\n\n"``): the context
+    with the chat template's opening, each question with no separator and the template's closing. So the
+    context ids are exactly the tokens that evaluation prefills and compresses. The context is cut to leave
+    room for the longest question (:func:`cut_context`); ``None`` under ``truncation="skip"``.
+
+    Raises:
+        ValueError: no question, or an over-long prompt under ``truncation="error"``.
+    """
+    if not questions:
+        raise ValueError("a multi-question prompt needs at least one question (k ≥ 1), found none")
+    asked = [encode_question(tokenizer, q, separator="", enable_thinking=enable_thinking) for q in questions]
+    ids = encode_context(tokenizer, context, enable_thinking)
+    kept = cut_context(ids, max(map(len, asked)), max_prompt_tokens, truncation)
+    return None if kept is None else (kept, asked)
+
+
+def cut_context(
+    context: list[int], reserve: int, max_prompt_tokens: int, truncation: str
+) -> list[int] | None:
+    """``context`` when it and ``reserve`` more tokens (the question) fit in ``max_prompt_tokens``; else cut by
+    ``truncation`` (``middle`` keeps both ends, ``left`` the end; ``skip`` returns None; ``error`` raises)."""
+    overflow = len(context) + reserve - max_prompt_tokens
     if overflow <= 0:
-        return context, asked
+        return context
     if truncation == "skip":
         return None
     keep = len(context) - overflow
     if truncation == "error" or keep <= 0:
         raise ValueError(
-            f"prompt of {len(context) + len(asked)} tokens is over max_prompt_tokens={max_prompt_tokens} "
-            f"(truncation={truncation!r}, question {len(asked)} tokens)"
+            f"prompt of {len(context) + reserve} tokens is over max_prompt_tokens={max_prompt_tokens} "
+            f"(truncation={truncation!r}, question {reserve} tokens)"
         )
     if truncation == "middle":
         head = keep // 2
-        return context[:head] + context[len(context) - (keep - head) :], asked
-    return context[overflow:], asked
+        return context[:head] + context[len(context) - (keep - head) :]
+    return context[overflow:]
+
+
+def reduce_questions(scores: Sequence[torch.Tensor], reduction: str) -> torch.Tensor:
+    """One importance ``(layers, kv_heads, S)`` from each question's ``(layers, kv_heads, S)``, rows summing to 1.
+
+    ``max``: the element-wise maximum (the union: a token any question needs ranks as high as for that
+    question, the multi-question Oracle's rule), renormalised so each row sums to 1 again (the ranking is the
+    maximum's). ``mean``: the average (already normalised). One question: its own scores.
+    """
+    if reduction not in QUESTION_REDUCTIONS:
+        raise ValueError(f"question_reduction: expected one of {QUESTION_REDUCTIONS}, found {reduction!r}")
+    if not scores:
+        raise ValueError("no question to reduce: a context needs at least one question (k ≥ 1)")
+    if len(scores) == 1:
+        return scores[0]
+    stacked = torch.stack(list(scores))
+    if reduction == "mean":
+        return stacked.mean(0)
+    union = stacked.amax(0)
+    return union / union.sum(-1, keepdim=True)
+
+
+@torch.no_grad()
+def label_questions(
+    model: PreTrainedModel,
+    context_ids: list[int],
+    questions: Sequence[list[int]],
+    response_tokens: int,
+    eos_token_ids: list[int],
+    reduction: str = "max",
+) -> Label:
+    """Question-agnostic label of a context asked ``k = len(questions)`` questions.
+
+    Each question is labelled alone, as :func:`label_prompt` with ``question_ids`` does (its greedy response
+    from context + question; the attention of the question's and the response's queries on the context),
+    and the ``k`` importances are reduced to one (:func:`reduce_questions`).
+
+    Returns:
+        response ids: the ``k`` responses one after another, in question order (a record of the answers; the
+        target is the stored scores, which agnostic labels always keep); scores ``(layers, kv_heads,
+        len(context_ids))``.
+    """
+    if not questions:
+        raise ValueError("a multi-question prompt needs at least one question (k ≥ 1), found none")
+    labels = [label_prompt(model, context_ids, response_tokens, eos_token_ids, True, q) for q in questions]
+    responses = [token for label in labels for token in label.response_ids]
+    return Label(responses, reduce_questions([label.scores for label in labels], reduction))
 
 
 def make_meta(

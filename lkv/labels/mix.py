@@ -81,6 +81,27 @@ def check_same_model(sources: Sequence[LabelSource]) -> None:
         )
 
 
+def check_same_setting(sources: Sequence[LabelSource]) -> str:
+    """The one prompt setting (``aware`` or ``agnostic``, :attr:`LabelMeta.setting`) of ``sources``' labels.
+
+    A module trains for one setting: its lookahead tokens see the question, or only the context. Folders of
+    both would train it for neither, and its exported folder could not say which it serves, so a mix is refused.
+
+    Raises:
+        ValueError: naming a folder of each setting.
+    """
+    by_setting: dict[str, str] = {}
+    for source in sources:
+        by_setting.setdefault(source.meta.setting, source.folder)
+    if len(by_setting) > 1:
+        named = ", ".join(f"{folder} is {setting}" for setting, folder in by_setting.items())
+        raise ValueError(
+            f"label folders of both prompt settings ({named}; meta.json extra.setting): a module trains for "
+            "one setting, so fit on aware or on agnostic labels (`lkv label --label_mode`), not both"
+        )
+    return next(iter(by_setting))
+
+
 def epoch_quotas(sizes: Sequence[int], weights: Sequence[float] | None) -> list[int]:
     """Rows each source contributes per epoch: ``sizes`` itself without weights, else ``N · w_i / Σw``
     rounded by largest remainders (``N = Σ sizes``), so the epoch keeps its length ``N``.

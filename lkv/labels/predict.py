@@ -28,10 +28,10 @@ from lkv.core.generation import eos_ids
 from lkv.core.progress import Progress, counted
 from lkv.labels.batched import label_batch, label_response
 from lkv.labels.gold import missed, reference_response
-from lkv.labels.labeller import Label, label_prompt, make_meta, split_prompt
+from lkv.labels.labeller import Label, label_questions, make_meta, split_prompt, split_questions
 from lkv.labels.prompts import Prompt, render_prompt
 from lkv.labels.responses import ResponsesFile
-from lkv.labels.shards import ShardWriter
+from lkv.labels.shards import REDUCTION_KEY, SETTING_KEY, ShardWriter
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone, model_signature
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class LabelingModule(L.LightningModule):
         responses: responses from another engine (only the teacher-forced pass runs), or None to generate.
         gold_answers: replace a generated response that misses its prompt's answer by the reference
             response (:func:`lkv.labels.gold.reference_response`), teacher-forced.
+        question_reduction: ``agnostic`` labels of a context asked several questions: how their importances
+            become one (:func:`lkv.labels.labeller.reduce_questions`).
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class LabelingModule(L.LightningModule):
         label_mode: str = "aware",
         enable_thinking: bool = False,
         gold_answers: bool = False,
+        question_reduction: str = "max",
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["responses"])
@@ -109,7 +112,7 @@ class LabelingModule(L.LightningModule):
         ``agnostic`` mode without a known trailing question)."""
         hp = self.hparams
         rendered: list[tuple[Prompt, list[int]]] = []
-        questions: list[list[int] | None] = []
+        questions: list[list[list[int]] | None] = []
         for prompt in batch:
             ids, question = self._render(prompt)
             if ids is not None:
@@ -118,10 +121,12 @@ class LabelingModule(L.LightningModule):
         if not rendered:
             return [None] * len(batch)
         if hp.label_mode == "agnostic":
-            # the question sits between context and response: labelled one prompt at a time
+            # the question sits between context and response: labelled one prompt (and question) at a time
             labels = [
-                label_prompt(self.backbone, ids, hp.response_tokens, self.eos, hp.store_scores, question)
-                for (_, ids), question in zip(rendered, questions, strict=True)
+                label_questions(
+                    self.backbone, ids, asked, hp.response_tokens, self.eos, hp.question_reduction
+                )
+                for (_, ids), asked in zip(rendered, questions, strict=True)
             ]
         elif self.responses is not None:
             self.tokenize_responses()
@@ -160,9 +165,11 @@ class LabelingModule(L.LightningModule):
             reference, label_response(self.backbone, ids, reference) if self.hparams.store_scores else None
         )
 
-    def _render(self, prompt: Prompt) -> tuple[list[int] | None, list[int] | None]:
-        """``(prompt ids, question ids)``: the whole prompt and None (``aware``), or the context and its
-        trailing question (``agnostic``); ``(None, None)`` for a prompt to skip."""
+    def _render(self, prompt: Prompt) -> tuple[list[int] | None, list[list[int]] | None]:
+        """``(prompt ids, questions' ids)``: the whole prompt and None (``aware``), or the context and the
+        questions asked after it (``agnostic``: a multi-question prompt's ``meta["questions"]``
+        (:func:`~lkv.labels.labeller.split_questions`), else the one trailing question
+        (:func:`~lkv.labels.labeller.split_prompt`)); ``(None, None)`` for a prompt to skip."""
         hp = self.hparams
         if hp.label_mode != "agnostic":
             ids = render_prompt(
@@ -174,17 +181,15 @@ class LabelingModule(L.LightningModule):
                 )
             return ids, None
         users = [m for m in prompt.messages if m["role"] == "user"]
-        if len(prompt.messages) != 1 or "question" not in prompt.meta:
+        cut = (hp.max_prompt_tokens, hp.truncation, hp.enable_thinking)
+        if "questions" in prompt.meta:
+            split = split_questions(self.tokenizer, prompt.meta["context"], prompt.meta["questions"], *cut)
+        elif len(prompt.messages) == 1 and "question" in prompt.meta:
+            split = split_prompt(self.tokenizer, users[0]["content"], prompt.meta["question"], *cut)
+            split = None if split is None else (split[0], [split[1]])
+        else:
             log.warning("skipping prompt %s: no single user turn ending in a known question", prompt.id)
             return None, None
-        split = split_prompt(
-            self.tokenizer,
-            users[0]["content"],
-            prompt.meta["question"],
-            hp.max_prompt_tokens,
-            hp.truncation,
-            hp.enable_thinking,
-        )
         if split is None:
             log.warning(
                 "skipping prompt %s: longer than max_prompt_tokens=%d", prompt.id, hp.max_prompt_tokens
@@ -224,7 +229,7 @@ class ShardPredictionWriter(BasePredictionWriter):
                 "chat_template_kwargs": template_kwargs(hp.enable_thinking),
             },
         )
-        meta.extra["label_mode"] = hp.label_mode
+        meta.extra |= label_setting(hp.label_mode, hp.question_reduction)
         self.writer = ShardWriter(self.output, meta, self.shard_size, rank=trainer.global_rank)
         rank = f" (rank {trainer.global_rank})" if trainer.world_size > 1 else ""
         self.progress = Progress(
@@ -258,6 +263,14 @@ class ShardPredictionWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: LabelingModule) -> None:
         self.writer.flush()
+
+
+def label_setting(label_mode: str, question_reduction: str) -> dict[str, str]:
+    """The label meta's ``extra`` entries naming the setting the labels train a module for (``setting``:
+    ``aware`` or ``agnostic``) and, for agnostic labels, how a context's questions were reduced."""
+    if label_mode == "agnostic":
+        return {SETTING_KEY: label_mode, REDUCTION_KEY: question_reduction}
+    return {SETTING_KEY: label_mode}
 
 
 def run_meta(responses: ResponsesFile | None, gold_answers: bool) -> dict[str, Any]:

@@ -29,6 +29,11 @@ META_FILE = "meta.json"
 SHARD_GLOB = "labels-r*-*.parquet"
 _SHARD_RE = re.compile(r"labels-r(\d{3})-(\d{5})\.parquet$")
 SCORE_DTYPES = ("float16", "float32")
+#: ``extra`` key of the setting labels train a module for: ``aware`` (the question is in the labelled prompt)
+#: or ``agnostic`` (the prompt is the context alone; `lkv label --label_mode`)
+SETTING_KEY = "setting"
+#: ``extra`` key of agnostic labels: how a context's questions' importances were reduced (``max``, ``mean``)
+REDUCTION_KEY = "question_reduction"
 
 
 @dataclass
@@ -47,12 +52,29 @@ class LabelMeta:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def setting(self) -> str:
+        """``aware`` or ``agnostic``: the prompt setting these labels train a module for."""
+        return canonical_extra(self.extra)[SETTING_KEY]
+
+    @property
     def num_layers(self) -> int:
         return int(self.model["num_layers"])
 
     @property
     def num_kv_heads(self) -> int:
         return int(self.model["num_kv_heads"])
+
+
+def canonical_extra(extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` as this lkv writes it: folders from before the setting was recorded are ``aware``, those from
+    when it was called ``label_mode`` have it under :data:`SETTING_KEY`, and agnostic ones from before
+    several questions had their one question reduced by ``max`` (the identity)."""
+    out = dict(extra)
+    old = out.pop("label_mode", "aware")
+    out.setdefault(SETTING_KEY, old)
+    if out[SETTING_KEY] == "agnostic":
+        out.setdefault(REDUCTION_KEY, "max")
+    return out
 
 
 def features(score_dtype: str) -> Features:
@@ -180,6 +202,7 @@ class ShardWriter:
             # The lkv version may change between a run and its resumption; everything else must not.
             ours.pop("lkv_version")
             theirs.pop("lkv_version")
+            ours["extra"], theirs["extra"] = canonical_extra(ours["extra"]), canonical_extra(theirs["extra"])
             if ours != theirs:
                 diff = sorted(k for k in ours if ours[k] != theirs.get(k))
                 raise ValueError(

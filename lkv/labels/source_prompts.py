@@ -14,10 +14,18 @@ import hashlib
 import json
 import random
 from collections.abc import Iterator
+from itertools import accumulate
 
 from lkv.labels.facts import TRAIN_KEYS, training_formats
 from lkv.labels.prompts import Prompt, PromptSource, check_passage_counts
-from lkv.labels.sources import IN_SOURCES, draw_document, source_roots, train_doc_ids, training_sources
+from lkv.labels.sources import (
+    IN_SOURCES,
+    TextSource,
+    draw_document,
+    source_roots,
+    split_doc_ids,
+    training_sources,
+)
 
 
 class SourcePrompts(PromptSource):
@@ -70,16 +78,35 @@ class SourcePrompts(PromptSource):
             f"words={self.min_words}..{self.max_words}, fact_formats={list(self.fact_formats)}, seed={self.seed})"
         )
 
-    def __iter__(self) -> Iterator[Prompt]:
-        doc_ids = train_doc_ids(self._sources)
-        for index in range(self.num_prompts):
-            yield self._prompt(index, random.Random(f"lkv-sources:{self.seed}:{index}"), doc_ids)
+    #: names the random stream of each prompt (``<name>:<seed>:<index>``), one per prompt source class
+    stream = "lkv-sources"
+    #: the side of :func:`lkv.labels.sources.document_split` whose documents the passages come from
+    split: str = "train"
+    #: passages of at least ``min_words`` words: shorter documents are drawn again, and a window starts where
+    #: the rest of its document holds its drawn length (off: any document, any start; the end cuts it short)
+    whole_passages = False
 
-    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+    def __iter__(self) -> Iterator[Prompt]:
+        doc_ids = split_doc_ids(self._sources, self.split)
+        for index in range(self.num_prompts):
+            yield self._prompt(index, random.Random(f"{self.stream}:{self.seed}:{index}"), doc_ids)
+
+    def _passage(
+        self, rng: random.Random, doc_ids: dict[str, list[str]]
+    ) -> tuple[TextSource, str, list[str], int]:
+        """``(source, doc_id, units, words)``: a source drawn uniformly, one of its :attr:`split` documents and a
+        window of whole units from a random one until ``[min_words, max_words]`` words (or the document's end;
+        see :attr:`whole_passages`)."""
         source = rng.choice(self._sources)
-        doc_id, units = draw_document(source, doc_ids[source.name], rng)
+        doc_id, units = draw_document(
+            source, doc_ids[source.name], rng, self.min_words if self.whole_passages else 1
+        )
         target = rng.randint(self.min_words, self.max_words)
-        start = rng.randrange(len(units))
+        if self.whole_passages:
+            rest = list(accumulate(len(u.split()) for u in reversed(units)))[::-1]  # words from each unit on
+            start = rng.choice([i for i, words in enumerate(rest) if words >= target] or [0])
+        else:
+            start = rng.randrange(len(units))
         window: list[str] = []
         words = 0
         for unit in units[start:]:
@@ -87,6 +114,10 @@ class SourcePrompts(PromptSource):
                 break
             window.append(unit)
             words += len(unit.split())
+        return source, doc_id, window, words
+
+    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+        source, doc_id, window, words = self._passage(rng, doc_ids)
         fact = rng.choice(self._facts)
         key = rng.choice(TRAIN_KEYS)
         value = fact.value(rng)

@@ -543,30 +543,35 @@ def training_sources(names: tuple[str, ...], roots: dict[str, str]) -> list[Text
     return [training_source(name, roots.get(name)) for name in names]
 
 
-def train_doc_ids(sources: list[TextSource]) -> dict[str, list[str]]:
-    """Source name → the sorted ids of its ``train`` documents.
+def split_doc_ids(sources: list[TextSource], split: str = "train") -> dict[str, list[str]]:
+    """Source name → the sorted ids of its documents on ``split`` (:func:`document_split`).
 
     Raises:
-        ValueError: a source has no ``train`` document.
+        ValueError: a source has no document on ``split``.
     """
     doc_ids = {}
     for source in sources:
-        doc_ids[source.name] = source.doc_ids("train")
+        doc_ids[source.name] = source.doc_ids(split)
         if not doc_ids[source.name]:
-            raise ValueError(f"text source {source.name}: no document on its 'train' split")
+            raise ValueError(f"text source {source.name}: no document on its {split!r} split")
     return doc_ids
 
 
-def draw_document(source: TextSource, doc_ids: list[str], rng: random.Random) -> tuple[str, list[str]]:
-    """A document of ``doc_ids`` drawn uniformly until one has text (an include-only man page reads as
-    empty), as its id and its units.
+def draw_document(
+    source: TextSource, doc_ids: list[str], rng: random.Random, least_words: int = 1
+) -> tuple[str, list[str]]:
+    """A document of ``doc_ids`` drawn uniformly until one has text of at least ``least_words``
+    whitespace-separated words (an include-only man page reads as empty), as its id and its units.
 
     Raises:
-        ValueError: 100 drawn documents held no text.
+        ValueError: 100 drawn documents held no such text.
     """
     for _attempt in range(100):
         doc_id = rng.choice(doc_ids)
         units = source.units(source.document(doc_id).text)
-        if units:
+        if units and (least_words <= 1 or sum(len(u.split()) for u in units) >= least_words):
             return doc_id, units
-    raise ValueError(f"text source {source.name}: 100 drawn train documents held no text")
+    raise ValueError(
+        f"text source {source.name}: 100 drawn documents held no text"
+        + (f" of {least_words} words (min_words)" if least_words > 1 else "")
+    )

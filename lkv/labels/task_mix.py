@@ -33,7 +33,7 @@ from lkv.labels.sources import (
     TextSource,
     draw_document,
     source_roots,
-    train_doc_ids,
+    split_doc_ids,
     training_sources,
 )
 
@@ -158,7 +158,7 @@ class TaskMixPrompts(PromptSource):
         )
 
     def __iter__(self) -> Iterator[Prompt]:
-        doc_ids = train_doc_ids(self._sources + self._code_sources)
+        doc_ids = split_doc_ids(self._sources + self._code_sources)
         tasks = [t for t in TASKS if self.task_weights.get(t, 0) > 0]
         weights = [self.task_weights[t] for t in tasks]
         for index in range(self.num_prompts):

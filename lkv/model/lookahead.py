@@ -23,7 +23,7 @@ import copy
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +47,11 @@ EMBEDDINGS_FILE = "lookahead_embeddings.safetensors"
 # peft's name of a model's first adapter; an exported folder always holds its LoRA under this name.
 DEFAULT_ADAPTER = "default"
 INITS = ("vocab_mean", "random_tokens", "normal")
+#: ``extra`` key of the prompt setting a module was trained for (its labels' setting; written by `lkv export`)
+SETTING_KEY = "setting"
+#: the settings a module may be trained for: ``aware`` (its lookahead tokens saw the question after the
+#: context) or ``agnostic`` (they saw the context alone)
+TRAINED_SETTINGS = ("aware", "agnostic")
 NO_LORA = "none"
 
 
@@ -91,6 +96,21 @@ def exported_base_model(folder: str | Path) -> str | None:
         return json.loads(path.read_text()).get("extra", {}).get("model")
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: malformed lookahead config ({err})") from err
+
+
+def trained_setting(extra: Mapping[str, Any], where: str) -> str:
+    """The prompt setting a module was trained for, from its config's ``extra``: ``extra["setting"]``, and
+    ``aware`` for a folder exported before modules recorded it (every module then was trained aware).
+
+    Raises:
+        ValueError: a value that is not a setting, naming ``where`` (the file).
+    """
+    setting = extra.get(SETTING_KEY, "aware")
+    if setting not in TRAINED_SETTINGS:
+        raise ValueError(
+            f"{where}: extra.{SETTING_KEY}: expected one of {TRAINED_SETTINGS}, found {setting!r}"
+        )
+    return setting
 
 
 def read_lookahead_folder(

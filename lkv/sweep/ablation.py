@@ -39,7 +39,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MetricCollection
 
 from lkv.core.metrics import ranking_metrics
-from lkv.model.lookahead import LookaheadAdapter
+from lkv.model.lookahead import SETTING_KEY, LookaheadAdapter
 from lkv.perf.overhead import lookahead_overhead
 from lkv.sweep.grid import grid_points, point_name, write_summary
 from lkv.train.base import SharedPrefill
@@ -289,8 +289,9 @@ class LookaheadAblation(L.Callback):
         results = []
         for point in self.points:
             adapter = adapters[point.name]
-            # the folder names its base model, as `lkv export` writes it
+            # the folder names its base model and its labels' setting, as `lkv export` writes them
             adapter.config.extra["model"] = pl_module.hparams.model
+            adapter.config.extra[SETTING_KEY] = pl_module.label_setting
             adapter.save(output / "adapters" / point.name)
             own = {} if point.adapter is None else {"own_s": point.own_s}
             results.append(

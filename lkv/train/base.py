@@ -44,6 +44,9 @@ from lkv.model.backbone import ModelSignature, model_signature
 from lkv.train.datamodule import Sample
 from lkv.train.optim import OptimSettings, ParamGroup, as_settings, build_optimizer, clip_gradients
 
+# the checkpoint entry holding the prompt setting of the labels the module trained on (`aware`, `agnostic`)
+CHECKPOINT_SETTING = "label_setting"
+
 
 @dataclass
 class SharedPrefill:
@@ -91,6 +94,9 @@ class ImportanceModule(L.LightningModule):
         self.share_prefill = False
         self.tokenizer = None
         self.signature: ModelSignature | None = None
+        # the prompt setting of the labels it trains on (`LabelDataModule.label_setting`), kept in checkpoints
+        # and written by `lkv export` into lookahead.json (a checkpoint from before it counts as aware)
+        self.label_setting = "aware"
         budgets = list(token_budgets(eval_budgets, "model.eval_budgets"))
         self.val_metrics = ranking_metrics(budgets, "val/")
         self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
@@ -146,7 +152,7 @@ class ImportanceModule(L.LightningModule):
     def load_frozen_backbone(self, loader: Callable[..., tuple[PreTrainedModel, Any]]) -> PreTrainedModel:
         """Load the frozen LLM with ``loader`` (:func:`lkv.model.backbone.load_backbone`, passed by the
         subclass's module so tests can replace it there) onto the trainer's device, keep its tokenizer and
-        signature, and check it against the label folders."""
+        signature, check it against the label folders and take their setting (one for all of them)."""
         hp = self.hparams
         device = self._trainer.strategy.root_device if self._trainer is not None else None
         backbone, self.tokenizer = loader(
@@ -156,6 +162,8 @@ class ImportanceModule(L.LightningModule):
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         if hasattr(datamodule, "check_model"):
             datamodule.check_model(self.signature)
+        if hasattr(datamodule, "label_setting"):
+            self.label_setting = datamodule.label_setting()
         return backbone
 
     def prefill_sample(
@@ -296,10 +304,12 @@ class ImportanceModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         keep = self.trainable_state_names()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+        checkpoint[CHECKPOINT_SETTING] = self.label_setting
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # `load_from_checkpoint` calls this before `load_state_dict`: build the model the weights belong to.
         self.configure_model()
+        self.label_setting = checkpoint.get(CHECKPOINT_SETTING, "aware")
         expected = self.trainable_state_names()
         found = set(checkpoint["state_dict"])
         missing, unexpected = sorted(expected - found), sorted(found - expected)

@@ -37,6 +37,7 @@ from lkv.labels.mix import (
     MixSampler,
     StreamedLabels,
     check_same_model,
+    check_same_setting,
     epoch_quotas,
 )
 from lkv.labels.shards import LabelMeta, row_scores
@@ -207,6 +208,14 @@ class LabelDataModule(L.LightningDataModule):
             for source in self._sources(split):
                 expected = ModelSignature.from_dict(source.meta.model)
                 check_compatible(expected, signature, f"label folder {source.folder} ({split})")
+
+    def label_setting(self) -> str:
+        """The prompt setting (``aware``, ``agnostic``) of every configured label folder's labels.
+
+        Raises:
+            ValueError: folders of both settings (:func:`lkv.labels.mix.check_same_setting`).
+        """
+        return check_same_setting([source for split in self.folders for source in self._sources(split)])
 
     def setup(self, stage: str) -> None:
         splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)}.get(stage, ())

@@ -6,7 +6,8 @@ module on its base model (peft needs the model to name the LoRA weights), loads 
 for a probe checkpoint (:class:`lkv.train.probe_module.ProbeModule`, whose trainable weights are ``probe.*``).
 A lookahead module trained with a probe beside it (``model.probe``) exports to one folder: the module's, with
 the probe's folder in ``<folder>/probe/`` (:data:`PROBE_SUBFOLDER`) and the preset the pair is meant for in
-``lookahead.json``'s ``extra["preset"]`` (``model.probe.preset``, default ``long``).
+``lookahead.json``'s ``extra["preset"]`` (``model.probe.preset``, default ``long``). ``extra["setting"]`` names
+the prompt setting of the labels the module trained on (``aware`` or ``agnostic``).
 Loading either folder back needs only the base model and no Lightning: ``LookaheadAdapter.load(folder,
 base_model)`` or ``ImportanceProbe.load(folder, base_model)``, which is what the eviction and evaluation
 stages do.
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from lkv.model.lookahead import CONFIG_FILE
+from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY
 from lkv.model.probe import PROBE_CONFIG_FILE
 
 if TYPE_CHECKING:
@@ -99,8 +100,10 @@ def export_checkpoint(
         module.probe.save(output)
         kind = f"MLP hidden {config.hidden_dim}" if config.hidden_dim else "linear"
         return f"exported the {kind} probe ({config.num_layers} layers, target {config.target}) to {output}"
-    # the folder names its base model, so loading it needs no `--model` (`exported_base_model`)
+    # the folder names its base model, so loading it needs no `--model` (`exported_base_model`), and the
+    # setting its labels were made for (`trained_setting`: `lkv eval` warns when it runs in the other one)
     module.adapter.config.extra["model"] = module.hparams.model
+    module.adapter.config.extra[SETTING_KEY] = module.label_setting
     beside = ""
     if module.probe is not None:
         module.adapter.config.extra["preset"] = module.probe_settings.preset

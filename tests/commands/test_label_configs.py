@@ -1,5 +1,6 @@
 """The shipped `lkv label` configs (configs/recipes/labels) parse with `lkv label`'s parser and build their prompt
-source without loading a model, and the fit configs that train on them say how to make their labels."""
+source without loading a model, and the fit configs that train on them say how to make their labels and
+train on the folders they write."""
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ def printed_label_config(args: list[str], capsys) -> dict:
 
 
 def test_the_label_configs_are_found():
-    assert {p.name for p in LABEL_CONFIGS} == {"general_smollm2.yaml"}
+    assert {p.name for p in LABEL_CONFIGS} == {
+        "general_smollm2.yaml",
+        "agnostic_multiq_train.yaml",
+        "agnostic_multiq_dev.yaml",
+    }
 
 
 @pytest.mark.parametrize("path", LABEL_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -67,3 +72,17 @@ def test_the_general_recipe_trains_on_the_mix_labels_made_as_its_header_says(cap
         command.append(line)
     words = shlex.split(" ".join(command).split(")", 1)[0])[2:]
     assert printed_label_config(words, capsys) == from_file
+
+
+def test_the_agnostic_fit_trains_on_the_agnostic_recipes_folders():
+    fit = yaml.safe_load((ROOT / "configs" / "agnostic_smollm2.yaml").read_text())
+    outputs = {
+        p.stem: yaml.safe_load(p.read_text())["output"]
+        for p in LABEL_CONFIGS
+        if p.stem.startswith("agnostic")
+    }
+    assert outputs["agnostic_multiq_train"] in fit["data"]["train"]
+    assert fit["data"]["val"] == outputs["agnostic_multiq_dev"]
+    for path in LABEL_CONFIGS:
+        if path.stem.startswith("agnostic"):
+            assert yaml.safe_load(path.read_text())["label_mode"] == "agnostic", path.name

@@ -44,6 +44,8 @@ def test_the_prompts_are_listed_once(tmp_path):
         ({"label_mode": "agnostic", "responses": "r.jsonl"}, "--label_mode agnostic generates its responses"),
         ({"gold_answers": True, "responses": "r.jsonl"}, "--gold_answers replaces wrong answers"),
         ({"shard_size": 0}, "--shard_size: expected a positive number, found 0"),
+        ({"label_mode": "agnostic", "question_reduction": "min"}, "--question_reduction: expected one of"),
+        ({"question_reduction": "mean"}, "--question_reduction reduces the questions of agnostic labels"),
         ({"lines": ()}, "prompts: expected at least one prompt"),
         ({"batch_size": -2}, "--batch_size: expected a positive number, found -2"),
     ],

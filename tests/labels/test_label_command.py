@@ -219,7 +219,7 @@ def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_qu
     label(**settings, accelerator="cpu", progress=False, label_mode="agnostic")
     data = load_labels(out)
     meta = read_meta(out)
-    assert meta.extra["label_mode"] == "agnostic"
+    assert meta.extra["setting"] == "agnostic" and meta.extra["question_reduction"] == "max"
     with_question = {p.id: p for p in prompts if "question" in p.meta}
     assert 0 < len(with_question) < 12 and sorted(data["id"]) == sorted(
         with_question
@@ -233,7 +233,10 @@ def test_agnostic_labels_hold_the_context_and_skip_prompts_without_a_trailing_qu
         assert row["prompt_ids"] == context
         want = label_prompt(model, context, 4, eos_ids(model, tokenizer), question_ids=question)
         torch.testing.assert_close(row_scores(row, meta), want.scores, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match="label_mode='agnostic', this run asks for 'aware'"):
+    with pytest.raises(
+        ValueError,
+        match=r"setting=\{'setting': 'agnostic', 'question_reduction': 'max'\}, this run asks for \{'setting': 'aware'\}",
+    ):
         label(**settings)  # the same folder, the default mode
     with pytest.raises(ValueError, match="needs --store_scores true"):
         label(

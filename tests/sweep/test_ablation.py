@@ -211,6 +211,9 @@ def test_tensorboard_export_and_summary(tiny_backbone, label_folders, tmp_path, 
         model, _, press = load_lookahead(str(output / "adapters" / point.name), model="tiny")
         assert press.adapter.config.num_tokens == point.values["num_lookahead"]
         assert press.adapter.config.uses_lora == (point.values["lora_targets"] == "all-linear")
+        assert (
+            press.adapter.config.extra["setting"] == "aware"
+        )  # its labels' setting, as `lkv export` writes it
         if point.adapter is not None:
             with torch.no_grad():
                 want = point.adapter.predict(prefill(point.adapter.model, ids)[0], 40)

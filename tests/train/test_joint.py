@@ -145,7 +145,7 @@ def test_export_writes_the_module_folder_with_the_probe_inside(tiny_probe_backbo
     assert f"with its probe in {out / PROBE_SUBFOLDER} (preset long)" in message
     assert {PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE} == {p.name for p in (out / PROBE_SUBFOLDER).iterdir()}
     config = json.loads((out / CONFIG_FILE).read_text())
-    assert config["extra"] == {"model": "tiny", "preset": "long"}
+    assert config["extra"] == {"model": "tiny", "preset": "long", "setting": "aware"}
     base, _ = build_tiny_model("llama")
     adapter = LookaheadAdapter.load(out, base)
     probe = ImportanceProbe.load(out / PROBE_SUBFOLDER, base)
@@ -169,12 +169,16 @@ def test_a_module_checkpoint_without_a_probe_exports_as_before(tiny_probe_backbo
         "scheduler": "cosine",
     }
     del hparams["optim"], hparams["probe"]
+    del old["label_setting"]  # and from before checkpoints kept their labels' setting: aware
     torch.save(old, tmp_path / "old.ckpt")
     for path in (ckpt, tmp_path / "old.ckpt"):
         assert isinstance(load_checkpoint(path), LookaheadKVModule)
         export_checkpoint(path, tmp_path / path.stem)
         assert not (tmp_path / path.stem / PROBE_SUBFOLDER).exists()
-        assert json.loads((tmp_path / path.stem / CONFIG_FILE).read_text())["extra"] == {"model": "tiny"}
+        assert json.loads((tmp_path / path.stem / CONFIG_FILE).read_text())["extra"] == {
+            "model": "tiny",
+            "setting": "aware",
+        }
 
 
 def test_lkv_fit_resume_and_export_of_a_joint_config(tmp_path, capsys):

@@ -39,6 +39,7 @@ from lkv.model.lookahead import (
     LookaheadAdapter,
     exported_base_model,
     read_lookahead_folder,
+    trained_setting,
 )
 
 Settings = LookaheadKVSettings | str | Mapping[str, Any]
@@ -158,10 +159,12 @@ class FolderDefaults:
     Attributes:
         preset: the preset it records, else :data:`~lkv.eviction.presses.lookahead_settings.DEFAULT_PRESET`.
         probe: its ``probe/`` folder, if it has one.
+        setting: the prompt setting the module was trained for (:func:`~lkv.model.lookahead.trained_setting`).
     """
 
     preset: str = DEFAULT_PRESET
     probe: Path | None = None
+    setting: str = "aware"
 
     def settings(self, value: Settings | None) -> LookaheadKVSettings:
         """``value`` with this folder's preset as the default (a mapping without ``preset`` overrides it)."""
@@ -198,7 +201,7 @@ def folder_defaults(adapter: str | Path) -> FolderDefaults:
     except ValueError as error:
         raise ValueError(f"{path}: extra.{PRESET_KEY}: {error}") from None
     probe = folder / PROBE_FOLDER
-    return FolderDefaults(name, probe if probe.is_dir() else None)
+    return FolderDefaults(name, probe if probe.is_dir() else None, trained_setting(extra, str(path)))
 
 
 def load_lookahead(
