@@ -64,6 +64,8 @@ def test_a_stopped_fit_says_what_it_kept_and_resumes(workspace, tmp_path, sent, 
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # a shell's background job (CI, nohup) ignores SIGINT, and Python then installs no Ctrl-C handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 240
     while not (run / "waiting").exists():
