@@ -97,9 +97,7 @@ def test_contexts_from_their_split_hold_each_fact_once_in_its_own_stratum(source
 
 def test_a_source_without_documents_of_min_words_is_refused(source_roots):
     prompts = make(source_roots, sources=("chatterbot-dialogue",))
-    with pytest.raises(
-        ValueError, match="chatterbot-dialogue: 100 drawn documents held no text of 30 words"
-    ):
+    with pytest.raises(ValueError, match="chatterbot-dialogue: 100 drawn documents held no text of 30 words"):
         list(prompts)
 
 
