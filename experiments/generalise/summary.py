@@ -17,10 +17,20 @@ from typing import Any
 
 from lkv.eval.paired import fullkv_solved
 from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile, budget_order
-from lkv.eval.stats import wilson_interval
+from lkv.eval.stats import mcnemar_exact, wilson_interval
 
 TASK = "generalise"
-GROUPINGS = ("source_group", "source", "kind_side", "kind", "bin")
+# a grouping is one meta key or a tuple of them (their values joined: "out-of-source / far")
+GROUPINGS: tuple[str | tuple[str, ...], ...] = (
+    ("source_group", "bin"),
+    "source_group",
+    "source",
+    "kind_side",
+    "kind",
+    "bin",
+)
+# the method every other is paired against, per (source group, bin) cell (exact McNemar)
+REFERENCE = "lookaheadkv"
 
 
 def kept_tables(rows: Sequence[dict[str, Any]], setting: str = "aware") -> list[str]:
@@ -38,15 +48,57 @@ def kept_tables(rows: Sequence[dict[str, Any]], setting: str = "aware") -> list[
         "",
     ]
     for grouping in GROUPINGS:
-        values = sorted({str(meta[s][grouping]) for s in solved})
-        header = [grouping, "solved", *(f"{m} C={b}" for m, b in columns)]
+        values = sorted({_value(meta[s], grouping) for s in solved})
+        name = " × ".join(grouping) if isinstance(grouping, tuple) else grouping
+        header = [name, "solved", *(f"{m} C={b}" for m, b in columns)]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for value in values:
-            samples = [s for s in solved if str(meta[s][grouping]) == value]
+            samples = [s for s in solved if _value(meta[s], grouping) == value]
             cells = [value, str(len(samples)), *(_cell(scores, m, b, samples) for m, b in columns)]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    return lines + paired_lines(scores, meta, solved, columns)
+
+
+def paired_lines(
+    scores: dict[tuple[str, str, str], float],
+    meta: dict[str, dict[str, Any]],
+    solved: set[str],
+    columns: list[tuple[str, str]],
+) -> list[str]:
+    """Markdown lines: per (source group × bin) cell and budget, every method against :data:`REFERENCE` on the
+    needles both have rows for: the difference in kept share, wins / losses of the reference, exact McNemar p."""
+    grouping = ("source_group", "bin")
+    lines = [
+        f"Paired against {REFERENCE} (same needles): difference in points (other − {REFERENCE}), "
+        f"{REFERENCE}'s wins / losses, exact McNemar p.",
+        "",
+        "| source_group × bin | C | method | n | difference | wins / losses | p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for value in sorted({_value(meta[s], grouping) for s in solved}):
+        samples = [s for s in solved if _value(meta[s], grouping) == value]
+        for method, budget in columns:
+            if method == REFERENCE:
+                continue
+            pairs = [
+                (scores[(REFERENCE, budget, s)], scores[(method, budget, s)])
+                for s in samples
+                if (REFERENCE, budget, s) in scores and (method, budget, s) in scores
+            ]
+            if not pairs:
+                continue
+            test = mcnemar_exact([float(b == 1.0) for _, b in pairs], [float(a == 1.0) for a, _ in pairs])
+            lines.append(
+                f"| {value} | {budget} | {method} | {test.n} | {100 * test.diff:+.0f} | "
+                f"{test.losses} / {test.wins} | {test.p:.2g} |"
+            )
     return lines
+
+
+def _value(meta: dict[str, Any], grouping: str | tuple[str, ...]) -> str:
+    keys = grouping if isinstance(grouping, tuple) else (grouping,)
+    return " / ".join(str(meta[key]) for key in keys)
 
 
 def _cell(scores: dict[tuple[str, str, str], float], method: str, budget: str, samples: list[str]) -> str:

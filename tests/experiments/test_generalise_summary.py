@@ -68,3 +68,16 @@ def test_kept_counts_only_fullkv_solved_needles_per_group():
     assert not any(line.startswith("| out-of-source") for line in lines)
     with pytest.raises(ValueError, match="no generalise sample that FullKV solved in setting 'agnostic'"):
         summary.kept_tables(rows, "agnostic")
+
+
+def test_each_method_is_paired_against_lookaheadkv_per_group_and_distance():
+    rows = [row(s, "fullkv", "full", 1.0) for s in "abc"]
+    rows += [row("a", "lookaheadkv", "128", 1.0), row("c", "lookaheadkv", "128", 1.0)]
+    rows += [row("a", "oracle", "128", 0.0), row("c", "oracle", "128", 1.0), row("b", "oracle", "128", 1.0)]
+    lines = summary.kept_tables(rows)
+    assert "| source_group × bin | solved | lookaheadkv C=128 | oracle C=128 |" in lines
+    assert "| in-source / far | 1 | 1/1 = 100 % [21, 100] | 0/1 = 0 % [0, 79] |" in lines
+    # in-source far: lookaheadkv keeps a, the Oracle does not; the near needle b has no lookaheadkv row
+    assert "| in-source / far | 128 | oracle | 1 | -100 | 1 / 0 | 1 |" in lines
+    assert "| out-of-source / far | 128 | oracle | 1 | +0 | 0 / 0 | 1 |" in lines
+    assert not any(line.startswith("| in-source / near | 128 | oracle") for line in lines)
