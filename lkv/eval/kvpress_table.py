@@ -65,13 +65,15 @@ def compression_ratio(budget: Budget) -> float:
 class Cell:
     """One (row, ratio) of the table: ``score`` the mean over tasks of each task's mean × 100, ``n`` the
     (task, sample) pairs behind it, ``low``..``high`` its 95 % interval × 100, ``paired`` the test against the
-    reference (None for the reference itself, FullKV, or where the reference has no rows)."""
+    reference (None for the reference itself, FullKV, or where the reference has no rows), ``missing`` the
+    averaged tasks this cell has no rows of (an unfinished run: its mean is over the others)."""
 
     score: float
     n: int
     low: float
     high: float
     paired: PairedResult | None
+    missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,16 @@ class KvpressTable:
 
 
 def _score(cell: Cell | None) -> str:
-    return "–" if cell is None else f"{cell.score:.1f}"
+    """kvpress's cell: the score; ``*`` marks a mean over fewer tasks (the details name them)."""
+    return "–" if cell is None else f"{cell.score:.1f}" + ("*" if cell.missing else "")
 
 
 def _detail(cell: Cell | None) -> str:
     if cell is None:
         return "–"
     text = f"{cell.score:.1f} [{cell.low:.1f}, {cell.high:.1f}] ({cell.n})"
+    if cell.missing:
+        text += f", without {', '.join(cell.missing)}"
     test = cell.paired
     if test is None:
         return text
@@ -199,7 +204,10 @@ def kvpress_table(
             for budget, scores in found.items():
                 ratio = 0.0 if budget == FULL else compression_ratio(parse_budget_key(budget))
                 own = cells.get(("", reference, budget), {}) if (prefix, method) != ("", reference) else {}
-                row[ratio] = _cell(scores, tasks, own, seed)
+                try:
+                    row[ratio] = _cell(scores, tasks, own, seed)
+                except ValueError as error:
+                    raise ValueError(f"{prefix}{method} at budget {budget}: {error}") from None
             name = prefix + KVPRESS_NAMES.get(method, method)
             table[name] = dict(sorted(row.items()))
     return KvpressTable(table, tasks, zero, reference)
@@ -208,14 +216,15 @@ def kvpress_table(
 def _cell(scores: dict[str, float], tasks: list[str], reference: dict[str, float], seed: int) -> Cell:
     """A cell from {"task/sample": score}, over ``tasks`` only, paired with ``reference`` where it has rows."""
     kept = {key: score for key, score in scores.items() if key.split("/", 1)[0] in tasks}
-    groups = [[s for k, s in kept.items() if k.split("/", 1)[0] == task] for task in tasks]
-    groups = [g for g in groups if g]
+    by_task = {task: [s for k, s in kept.items() if k.split("/", 1)[0] == task] for task in tasks}
+    groups = [g for g in by_task.values() if g]
     if not groups:
         raise ValueError(f"no scores on the tasks FullKV solves ({', '.join(tasks) or 'none'})")
     low, high = stratified_bootstrap_interval(groups, seed=seed)
     score = sum(sum(g) / len(g) for g in groups) / len(groups)
     paired = pair_by_sample(kept, reference, seed) if reference else None
-    return Cell(100 * score, len(kept), 100 * low, 100 * high, paired)
+    missing = tuple(task for task, g in by_task.items() if not g)
+    return Cell(100 * score, len(kept), 100 * low, 100 * high, paired, missing)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -135,6 +135,21 @@ def test_without_the_reference_the_table_says_there_are_no_paired_tests():
     assert paired.paired is None  # FullKV's ratio 0 has no reference rows
 
 
+def test_a_cell_without_rows_of_an_averaged_task_says_so():
+    rows = [r for r in _folder_rows() if not (r["method"] == "snapkv" and r["task"] == "vt")]
+    cell = kvpress_table([rows]).rows["snapkv"][0.25]
+    assert cell.missing == ("vt",) and cell.score == 50.0 and cell.n == 4
+    text = kvpress_table([rows]).markdown()
+    assert "| snapkv | – | 50.0* | 0.0* |" in text and "50.0 [" in text and "(4), without vt;" in text
+    only_zero = (
+        _rows("fullkv", "full", [1])
+        + _rows("fullkv", "full", [0], "cwe")
+        + _rows("snapkv", "0.5", [1], "cwe")
+    )
+    with pytest.raises(ValueError, match="snapkv at budget 0.5: no scores on the tasks FullKV solves"):
+        kvpress_table([only_zero])
+
+
 def test_a_folder_without_fullkv_or_with_token_budgets_is_refused():
     with pytest.raises(ValueError, match="no fullkv rows"):
         kvpress_table([[r for r in _folder_rows() if r["method"] != "fullkv"]])
@@ -153,7 +168,7 @@ def test_the_command_reads_both_folders_and_writes_the_table(tmp_path, capsys):
     _write_folder(tmp_path / "adakv", _rows("snapkv", "0.125", [1, 1, 1, 1]), "adaptive")
     main([str(tmp_path / "plain"), str(tmp_path / "adakv")])
     printed = capsys.readouterr().out
-    assert "| adakv_snapkv | – | – | 100.0 |" in printed
+    assert "| adakv_snapkv | – | – | 100.0* |" in printed  # its folder has no vt rows
     assert (tmp_path / "plain" / TABLE_FILE).read_text() + "\n" == printed
     with pytest.raises(ValueError, match="adakv/run.json: head_budget is 'adaptive', expected 'equal'"):
         read_folder(tmp_path / "adakv", "equal")
