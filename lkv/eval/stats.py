@@ -2,6 +2,7 @@
 
 - :func:`wilson_interval`: 95 % Wilson score interval of an accuracy (k successes of n).
 - :func:`bootstrap_interval`: percentile bootstrap interval of a mean of continuous scores.
+- :func:`stratified_bootstrap_interval`: the same for a mean of group means (a benchmark's average over tasks).
 - :func:`mcnemar_exact`: exact (binomial) two-sided McNemar test of two methods' paired 0/1 outcomes.
 - :func:`paired_bootstrap`: percentile interval and two-sided p-value of the mean paired difference.
 
@@ -69,6 +70,23 @@ def bootstrap_interval(
     means = _bootstrap_means(list(values), draws, seed)
     tail = (1 - level) / 2
     return _percentile(means, tail), _percentile(means, 1 - tail)
+
+
+def stratified_bootstrap_interval(
+    groups: Sequence[Sequence[float]], draws: int = BOOTSTRAP_DRAWS, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap interval ``(low, high)`` of the mean of the groups' means (each group weighs the
+    same, as a benchmark's average over its tasks): every draw resamples each group within itself, with
+    replacement, so a group of few samples keeps its weight and its own spread."""
+    if not groups or not all(groups):
+        raise ValueError("stratified_bootstrap_interval needs at least one group, each with a value")
+    rng = random.Random(seed)
+    averages = sorted(
+        sum(sum(rng.choice(group) for _ in group) / len(group) for group in groups) / len(groups)
+        for _ in range(draws)
+    )
+    tail = (1 - level) / 2
+    return _percentile(averages, tail), _percentile(averages, 1 - tail)
 
 
 def mean_interval(values: Sequence[float], binary: bool | None = None, seed: int = 0) -> tuple[float, float]:

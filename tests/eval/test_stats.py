@@ -16,6 +16,7 @@ from lkv.eval.stats import (
     mean_interval,
     paired_bootstrap,
     paired_test,
+    stratified_bootstrap_interval,
     wilson_interval,
 )
 
@@ -248,3 +249,14 @@ def test_a_report_of_fullkv_alone_has_no_comparisons_or_breakdown_tables(tmp_pat
     assert "| fullkv |" in text and "Paired comparisons" not in text
     assert "by needle family" not in text and "by context length" not in text
     assert not (tmp_path / "comparisons.csv").exists()
+
+
+def test_stratified_bootstrap_of_one_group_is_the_plain_bootstrap_and_weighs_groups_equally():
+    values = [random.Random(3).random() for _ in range(25)]
+    assert stratified_bootstrap_interval([values], seed=4) == bootstrap_interval(values, seed=4)
+    # two constant groups of different sizes: every draw's mean of means is (0 + 1) / 2, not the pooled 0.2
+    assert stratified_bootstrap_interval([[0.0] * 8, [1.0] * 2]) == (0.5, 0.5)
+    low, high = stratified_bootstrap_interval([[0, 1, 1, 0], [1.0, 0.5, 0.0]])
+    assert low < (0.5 + 0.5) / 2 < high
+    with pytest.raises(ValueError, match="each with a value"):
+        stratified_bootstrap_interval([[1.0], []])
