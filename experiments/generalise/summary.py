@@ -1,10 +1,13 @@
 """The generalisation signal of an ``lkv eval`` folder of the ``generalise`` task: per method and budget, the
 FullKV-solved needles it kept, split by source group, source, kind side, kind and measured-distance bin.
 
-    python experiments/generalise/summary.py reports/generalise/dev [--setting aware] > table.md
+    python experiments/generalise/summary.py reports/generalise/dev [MORE FOLDERS] [--setting aware]
+        [--reference lookaheadkv] > table.md
 
 *Solved* and *kept* are the paired comparisons' (:func:`lkv.eval.paired.fullkv_solved`): a needle counts only
 where FullKV answered it, and a method keeps it when it answers it too; each share has its Wilson interval.
+Several folders of the same needles (a later recipe evaluated beside the first run) are merged by sample: their
+FullKV rows must agree on every shared sample (same prompt, same answer), and a method may sit in one folder only.
 """
 
 from __future__ import annotations
@@ -28,12 +31,50 @@ GROUPINGS: tuple[str | tuple[str, ...], ...] = (
     "kind_side",
     "kind",
     "bin",
+    "band",
 )
-# the method every other is paired against, per (source group, bin) cell (exact McNemar)
+# measured-distance bands (tokens from the end of the prompt) of the far bin, and the near / mid bins: "band" is
+# computed from each row's meta["distance"]
+BANDS: tuple[tuple[int, str], ...] = (
+    (1024, "near ≤1K"),
+    (1535, "mid 1–1.5K"),
+    (2499, "1.5–2.5K"),
+    (3999, "2.5–4K"),
+)
+LAST_BAND = "4–7.5K"
+# the default method every other is paired against, per (source group, bin) cell (exact McNemar)
 REFERENCE = "lookaheadkv"
 
 
-def kept_tables(rows: Sequence[dict[str, Any]], setting: str = "aware") -> list[str]:
+def merged_rows(folders: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several eval folders of the same needles as one list: each folder's FullKV rows must give the
+    same score and prediction as the first folder's on every sample both hold (kept once), and each other method
+    may come from one folder only (otherwise a needle would be counted twice)."""
+    merged: list[dict[str, Any]] = []
+    full: dict[tuple[str, str, str], tuple[int, dict[str, Any]]] = {}
+    owner: dict[str, int] = {}
+    for index, rows in enumerate(folders, start=1):
+        for r in rows:
+            if r["budget"] == FULL:
+                first_index, first = full.setdefault((r["task"], r["setting"], r["sample"]), (index, r))
+                if (first["score"], first.get("prediction")) != (r["score"], r.get("prediction")):
+                    raise ValueError(
+                        f"folder {index}: FullKV's row for sample {r['sample']!r} differs from folder "
+                        f"{first_index}'s: not the same needles, or not the same model"
+                    )
+                if first is not r:
+                    continue
+            elif owner.setdefault(r["method"], index) != index:
+                raise ValueError(
+                    f"method {r['method']!r} has rows in folders {owner[r['method']]} and {index}"
+                )
+            merged.append(r)
+    return merged
+
+
+def kept_tables(
+    rows: Sequence[dict[str, Any]], setting: str = "aware", reference: str = REFERENCE
+) -> list[str]:
     """Markdown lines: one table per grouping of :data:`GROUPINGS`, a row per value, a column per
     (method, budget): ``kept/solved = share % [low, high]``."""
     solved = fullkv_solved(rows, TASK, setting)
@@ -57,7 +98,7 @@ def kept_tables(rows: Sequence[dict[str, Any]], setting: str = "aware") -> list[
             cells = [value, str(len(samples)), *(_cell(scores, m, b, samples) for m, b in columns)]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    return lines + paired_lines(scores, meta, solved, columns)
+    return lines + paired_lines(scores, meta, solved, columns, reference)
 
 
 def paired_lines(
@@ -65,13 +106,14 @@ def paired_lines(
     meta: dict[str, dict[str, Any]],
     solved: set[str],
     columns: list[tuple[str, str]],
+    reference: str = REFERENCE,
 ) -> list[str]:
-    """Markdown lines: per (source group × bin) cell and budget, every method against :data:`REFERENCE` on the
+    """Markdown lines: per (source group × bin) cell and budget, every method against ``reference`` on the
     needles both have rows for: the difference in kept share, wins / losses of the reference, exact McNemar p."""
     grouping = ("source_group", "bin")
     lines = [
-        f"Paired against {REFERENCE} (same needles): difference in points (other − {REFERENCE}), "
-        f"{REFERENCE}'s wins / losses, exact McNemar p.",
+        f"Paired against {reference} (same needles): difference in points (other − {reference}), "
+        f"{reference}'s wins / losses, exact McNemar p.",
         "",
         "| source_group × bin | C | method | n | difference | wins / losses | p |",
         "|---|---|---|---|---|---|---|",
@@ -79,12 +121,12 @@ def paired_lines(
     for value in sorted({_value(meta[s], grouping) for s in solved}):
         samples = [s for s in solved if _value(meta[s], grouping) == value]
         for method, budget in columns:
-            if method == REFERENCE:
+            if method == reference:
                 continue
             pairs = [
-                (scores[(REFERENCE, budget, s)], scores[(method, budget, s)])
+                (scores[(reference, budget, s)], scores[(method, budget, s)])
                 for s in samples
-                if (REFERENCE, budget, s) in scores and (method, budget, s) in scores
+                if (reference, budget, s) in scores and (method, budget, s) in scores
             ]
             if not pairs:
                 continue
@@ -96,9 +138,14 @@ def paired_lines(
     return lines
 
 
+def distance_band(distance: int) -> str:
+    """The band of :data:`BANDS` a measured distance (tokens) falls in."""
+    return next((name for top, name in BANDS if distance <= top), LAST_BAND)
+
+
 def _value(meta: dict[str, Any], grouping: str | tuple[str, ...]) -> str:
     keys = grouping if isinstance(grouping, tuple) else (grouping,)
-    return " / ".join(str(meta[key]) for key in keys)
+    return " / ".join(distance_band(meta["distance"]) if key == "band" else str(meta[key]) for key in keys)
 
 
 def _cell(scores: dict[tuple[str, str, str], float], method: str, budget: str, samples: list[str]) -> str:
@@ -112,13 +159,25 @@ def _cell(scores: dict[tuple[str, str, str], float], method: str, budget: str, s
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="an lkv eval output folder (or its results.jsonl)")
+    parser.add_argument(
+        "folders",
+        type=Path,
+        nargs="+",
+        help="lkv eval output folders (or their results.jsonl) of the same needles",
+    )
     parser.add_argument("--setting", default="aware", choices=("aware", "agnostic"))
+    parser.add_argument("--reference", default=REFERENCE, help="the method every other is paired against")
     args = parser.parse_args(argv)
-    path = args.folder / RESULTS_FILE if args.folder.is_dir() else args.folder
-    if not path.is_file():
-        sys.exit(f"summary: no {RESULTS_FILE} at {path}")
-    print("\n".join(kept_tables(ResultsFile(path).rows, args.setting)))
+    folders = []
+    for folder in args.folders:
+        path = folder / RESULTS_FILE if folder.is_dir() else folder
+        if not path.is_file():
+            sys.exit(f"summary: no {RESULTS_FILE} at {path}")
+        folders.append(ResultsFile(path).rows)
+    try:
+        print("\n".join(kept_tables(merged_rows(folders), args.setting, args.reference)))
+    except ValueError as error:
+        sys.exit(f"summary: {error}")
 
 
 if __name__ == "__main__":

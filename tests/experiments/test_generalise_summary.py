@@ -19,6 +19,7 @@ META = {
         "kind_side": "train",
         "kind": "iso_date",
         "bin": "far",
+        "distance": 2500,
     },
     "b": {
         "source_group": "in-source",
@@ -26,6 +27,7 @@ META = {
         "kind_side": "heldout",
         "kind": "contact_name",
         "bin": "near",
+        "distance": 1024,
     },
     "c": {
         "source_group": "out-of-source",
@@ -33,6 +35,7 @@ META = {
         "kind_side": "train",
         "kind": "iso_date",
         "bin": "far",
+        "distance": 1536,
     },
 }
 
@@ -81,3 +84,38 @@ def test_each_method_is_paired_against_lookaheadkv_per_group_and_distance():
     assert "| in-source / far | 128 | oracle | 1 | -100 | 1 / 0 | 1 |" in lines
     assert "| out-of-source / far | 128 | oracle | 1 | +0 | 0 / 0 | 1 |" in lines
     assert not any(line.startswith("| in-source / near | 128 | oracle") for line in lines)
+
+
+def test_folders_merge_by_sample_and_refuse_a_fullkv_disagreement_or_a_method_twice():
+    first = [row(s, "fullkv", "full", 1.0) for s in "ab"] + [row("a", "lookaheadkv", "128", 1.0)]
+    second = [row(s, "fullkv", "full", 1.0) for s in "ab"] + [row("a", "lookaheadkv:mix", "128", 0.0)]
+    merged = summary.merged_rows([first, second])
+    assert [r["method"] for r in merged] == ["fullkv", "fullkv", "lookaheadkv", "lookaheadkv:mix"]
+    lines = summary.kept_tables(merged, reference="lookaheadkv:mix")
+    assert "| in-source / far | 128 | lookaheadkv | 1 | +100 | 0 / 1 | 1 |" in lines
+    changed = [dict(r, score=0.0) if r["sample"] == "b" and r["method"] == "fullkv" else r for r in second]
+    with pytest.raises(ValueError, match="folder 2: FullKV's row for sample 'b' differs from folder 1's"):
+        summary.merged_rows([first, changed])
+    with pytest.raises(ValueError, match="method 'lookaheadkv' has rows in folders 1 and 2"):
+        summary.merged_rows([first, first])
+
+
+def test_distance_bands_split_far_needles_at_the_plans_edges():
+    assert [summary.distance_band(d) for d in (0, 1024, 1025, 1535, 1536, 2499, 2500, 3999, 4000, 7600)] == [
+        "near ≤1K",
+        "near ≤1K",
+        "mid 1–1.5K",
+        "mid 1–1.5K",
+        "1.5–2.5K",
+        "1.5–2.5K",
+        "2.5–4K",
+        "2.5–4K",
+        "4–7.5K",
+        "4–7.5K",
+    ]
+    rows = [row(s, "fullkv", "full", 1.0) for s in "abc"] + [row(s, "snapkv", "128", 1.0) for s in "ac"]
+    lines = summary.kept_tables(rows)
+    assert (
+        "| 2.5–4K | 1 | 1/1 = 100 % [21, 100] |" in lines
+        and "| 1.5–2.5K | 1 | 1/1 = 100 % [21, 100] |" in lines
+    )
