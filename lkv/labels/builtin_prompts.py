@@ -7,8 +7,6 @@ the train or held-out side of :func:`lkv.labels.prompts.split_by_document`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import random
 import re
@@ -28,6 +26,7 @@ from lkv.labels.prompts import (
     PromptSource,
     check_passage_counts,
     essay_documents,
+    prompt_id,
     split_by_document,
     stdlib_documents,
 )
@@ -260,10 +259,8 @@ class BuiltinPrompts(PromptSource):
             parts = [intro, passage, instruction]
             meta["question"] = instruction  # the trailing question: question-agnostic labels cut here
         messages = [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
-        # The content hash keeps ids distinct across settings: label runs resume by skipping known ids.
-        digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]
         return Prompt(
-            id=f"builtin-{self.split}-s{self.seed}-{index:05d}-{digest}",
+            id=prompt_id(f"builtin-{self.split}-s{self.seed}", index, messages),
             messages=messages,
             source=source,
             doc_id=document.doc_id,

@@ -11,14 +11,12 @@ and ``meta["questions"]`` the facts' questions: the layout of the multi-question
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from typing import Literal
 
 from lkv.labels.facts import TRAIN_KEYS
-from lkv.labels.prompts import Prompt
-from lkv.labels.source_prompts import SourcePrompts
+from lkv.labels.prompts import Prompt, prompt_id
+from lkv.labels.source_prompts import DEFAULT_FACT_FORMATS, SourcePrompts
 from lkv.labels.sources import IN_SOURCES
 
 
@@ -37,10 +35,11 @@ class MultiQuestionPrompts(SourcePrompts):
         questions: ``k``, the facts and questions per context: 1 to ``len(TRAIN_KEYS)``.
         split: ``train`` documents (training labels) or ``dev`` ones (validation labels); never ``heldout``
             (the final check's documents).
-        others: as :class:`~lkv.labels.source_prompts.SourcePrompts` (a held-out source is refused).
+        others: as :class:`~lkv.labels.passage_prompts.PassagePrompts` (a held-out source is refused).
     """
 
     stream = "lkv-multi-question"
+    described = ("sources", "questions", "split", "num_prompts", "words", "fact_formats", "seed")
     whole_passages = True  # k strata need a passage of its full length, not a document's last lines
 
     def __init__(
@@ -51,7 +50,7 @@ class MultiQuestionPrompts(SourcePrompts):
         num_prompts: int = 64,
         min_words: int = 1000,
         max_words: int = 1300,
-        fact_formats: tuple[str, ...] = ("magic_number", "serial_code", "iso_date"),
+        fact_formats: tuple[str, ...] = DEFAULT_FACT_FORMATS,
         seed: int = 0,
         roots: dict[str, str] | None = None,
     ) -> None:
@@ -67,13 +66,6 @@ class MultiQuestionPrompts(SourcePrompts):
         super().__init__(sources, num_prompts, min_words, max_words, fact_formats, seed, roots)
         self.questions = questions
         self.split = split
-
-    def describe(self) -> str:
-        return (
-            f"MultiQuestionPrompts(sources={list(self.sources)}, questions={self.questions}, split={self.split}, "
-            f"num_prompts={self.num_prompts}, words={self.min_words}..{self.max_words}, "
-            f"fact_formats={list(self.fact_formats)}, seed={self.seed})"
-        )
 
     def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
         source, doc_id, window, words = self._passage(rng, doc_ids)
@@ -93,9 +85,8 @@ class MultiQuestionPrompts(SourcePrompts):
             window.insert(at[j], source.as_unit(evidence[j]))
         context = f"{source.join(window).rstrip()}\n\n"
         messages = [{"role": "user", "content": context + questions[0]}]
-        digest = hashlib.sha256(json.dumps([messages, questions]).encode()).hexdigest()[:8]
         return Prompt(
-            id=f"multiq-{self.split}-s{self.seed}-k{k}-{index:05d}-{digest}",
+            id=prompt_id(f"multiq-{self.split}-s{self.seed}-k{k}", index, [messages, questions]),
             messages=messages,
             source=source.name,
             doc_id=doc_id,

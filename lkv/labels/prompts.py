@@ -10,6 +10,7 @@ documents never moves the others.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from abc import ABC, abstractmethod
@@ -107,6 +108,14 @@ def check_passage_counts(num_prompts: int, min_words: int, max_words: int) -> No
         raise ValueError(f"num_prompts must be ≥ 0, got {num_prompts}")
     if not 1 <= min_words <= max_words:
         raise ValueError(f"need 1 ≤ min_words ≤ max_words, got min_words={min_words}, max_words={max_words}")
+
+
+def prompt_id(name: str, index: int, content: object) -> str:
+    """``<name>-<index:05d>-<digest>``: a generated prompt's id, ``digest`` the first 8 hex digits of the
+    SHA-256 of ``content`` as JSON (its messages, and whatever else it asks). The digest keeps ids distinct
+    across settings that ``name`` does not spell out: label runs resume by skipping known ids."""
+    digest = hashlib.sha256(json.dumps(content).encode()).hexdigest()[:8]
+    return f"{name}-{index:05d}-{digest}"
 
 
 def split_by_document(

@@ -10,43 +10,33 @@ generalisation task's ``out-of-source`` rows and held-out kinds stay unseen by w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from collections.abc import Iterator
 from itertools import accumulate
 
-from lkv.labels.facts import TRAIN_KEYS, training_formats
-from lkv.labels.prompts import Prompt, PromptSource, check_passage_counts
-from lkv.labels.sources import (
-    IN_SOURCES,
-    TextSource,
-    draw_document,
-    source_roots,
-    split_doc_ids,
-    training_sources,
-)
+from lkv.labels.facts import TRAIN_KEYS
+from lkv.labels.passage_prompts import PassagePrompts
+from lkv.labels.prompts import Prompt, prompt_id
+from lkv.labels.sources import IN_SOURCES, TextSource, draw_document
+
+#: The fact formats a ``find_value`` passage plants by default.
+DEFAULT_FACT_FORMATS = ("magic_number", "serial_code", "iso_date")
 
 
-class SourcePrompts(PromptSource):
+class SourcePrompts(PassagePrompts):
     """``find_value`` prompts over the ``train`` documents of in-group text sources.
 
     Prompt ``i`` depends only on ``seed``, ``i`` and the settings (a longer run extends a shorter one): a
     source drawn uniformly, a document of its ``train`` split, a window of ``[min_words, max_words]`` words
     from a random unit (the document's end cuts it short), a fact with a training key at a random boundary.
     ``meta`` holds the question (the text after the passage), the evidence sentence and the fact's depth.
-
-    Args:
-        sources: in-group source names (:data:`lkv.labels.sources.IN_SOURCES`); a held-out one is refused.
-        num_prompts: prompts per iteration.
-        min_words: shortest passage in whitespace-separated words.
-        max_words: longest passage.
-        fact_formats: ``train`` fact formats to plant.
-        seed: base seed.
-        roots: source name → folder to read it from instead of its usual place.
+    The settings are :class:`~lkv.labels.passage_prompts.PassagePrompts`' (each documented there).
     """
 
-    count_setting = "num_prompts"
+    stream = "lkv-sources"
+    described = ("sources", "num_prompts", "words", "fact_formats", "seed")
+    #: passages of at least ``min_words`` words: shorter documents are drawn again, and a window starts where
+    #: the rest of its document holds its drawn length (off: any document, any start; the end cuts it short)
+    whole_passages = False
 
     def __init__(
         self,
@@ -54,42 +44,11 @@ class SourcePrompts(PromptSource):
         num_prompts: int = 64,
         min_words: int = 200,
         max_words: int = 800,
-        fact_formats: tuple[str, ...] = ("magic_number", "serial_code", "iso_date"),
+        fact_formats: tuple[str, ...] = DEFAULT_FACT_FORMATS,
         seed: int = 0,
         roots: dict[str, str] | None = None,
     ) -> None:
-        check_passage_counts(num_prompts, min_words, max_words)
-        self.roots = source_roots(roots)
-        self._sources = training_sources(tuple(sources), self.roots)
-        self._facts = training_formats(fact_formats)
-        self.sources = tuple(sources)
-        self.num_prompts = num_prompts
-        self.min_words = min_words
-        self.max_words = max_words
-        self.fact_formats = tuple(fact_formats)
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return self.num_prompts
-
-    def describe(self) -> str:
-        return (
-            f"SourcePrompts(sources={list(self.sources)}, num_prompts={self.num_prompts}, "
-            f"words={self.min_words}..{self.max_words}, fact_formats={list(self.fact_formats)}, seed={self.seed})"
-        )
-
-    #: names the random stream of each prompt (``<name>:<seed>:<index>``), one per prompt source class
-    stream = "lkv-sources"
-    #: the side of :func:`lkv.labels.sources.document_split` whose documents the passages come from
-    split: str = "train"
-    #: passages of at least ``min_words`` words: shorter documents are drawn again, and a window starts where
-    #: the rest of its document holds its drawn length (off: any document, any start; the end cuts it short)
-    whole_passages = False
-
-    def __iter__(self) -> Iterator[Prompt]:
-        doc_ids = split_doc_ids(self._sources, self.split)
-        for index in range(self.num_prompts):
-            yield self._prompt(index, random.Random(f"{self.stream}:{self.seed}:{index}"), doc_ids)
+        super().__init__(sources, num_prompts, min_words, max_words, fact_formats, seed, roots)
 
     def _passage(
         self, rng: random.Random, doc_ids: dict[str, list[str]]
@@ -126,9 +85,8 @@ class SourcePrompts(PromptSource):
         window.insert(depth, source.as_unit(evidence))
         question = rng.choice(fact.questions).format(key=key)
         messages = [{"role": "user", "content": f"{source.join(window).rstrip()}\n\n{question}"}]
-        digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]
         return Prompt(
-            id=f"sources-s{self.seed}-{index:05d}-{digest}",
+            id=prompt_id(f"sources-s{self.seed}", index, messages),
             messages=messages,
             source=source.name,
             doc_id=doc_id,

@@ -19,23 +19,14 @@ Held-out sources (:func:`lkv.labels.sources.training_source`) and fact kinds off
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
-from collections.abc import Iterator
 from typing import Any
 
-from lkv.labels.facts import TRAIN_KEYS, FactFormat, formats, training_formats
+from lkv.labels.facts import TRAIN_KEYS, FactFormat, formats
 from lkv.labels.instructions import FAMILIES, applies, write_instruction
-from lkv.labels.prompts import STDLIB_SOURCE, Prompt, PromptSource, check_passage_counts
-from lkv.labels.sources import (
-    IN_SOURCES,
-    TextSource,
-    draw_document,
-    source_roots,
-    split_doc_ids,
-    training_sources,
-)
+from lkv.labels.passage_prompts import PassagePrompts
+from lkv.labels.prompts import STDLIB_SOURCE, Prompt, prompt_id
+from lkv.labels.sources import IN_SOURCES, TextSource, draw_document, training_sources
 
 #: The task kinds, in the order their weights are drawn.
 TASKS = ("doc_qa", "distractor", "instruction", "code", "few_shot")
@@ -63,7 +54,7 @@ _FEW_SHOT_HEADERS = (
 )
 
 
-class TaskMixPrompts(PromptSource):
+class TaskMixPrompts(PassagePrompts):
     """Document questions, distractors, instructions, code questions and few-shot prompts over long passages.
 
     A passage is whole units (sentences or lines) of one ``train`` document from a random unit, of a length
@@ -84,20 +75,28 @@ class TaskMixPrompts(PromptSource):
     Args:
         sources: in-group sources of every task but ``code``; a held-out one is refused.
         code_sources: in-group sources of kind ``code`` for the ``code`` task (``c-headers`` is held out).
-        num_prompts: prompts per iteration.
         min_words: shortest passage in whitespace-separated words (prose ≈ 1.3 tokens a word, code 2–3).
-        max_words: longest passage.
         task_weights: relative weight of each task of :data:`TASKS` (missing ones weigh 0); default
             :data:`DEFAULT_TASK_WEIGHTS`.
         fact_formats: ``train`` fact formats to plant (default: all of them).
         max_facts: most facts planted by ``doc_qa`` and ``distractor`` (each plants 2..max_facts;
             ``doc_qa`` asks 1..planted of them).
         max_shots: most worked examples of ``few_shot`` (it shows 1..max_shots).
-        seed: base seed.
-        roots: source name → folder to read it from instead of its usual place.
+        others: as :class:`~lkv.labels.passage_prompts.PassagePrompts`.
     """
 
-    count_setting = "num_prompts"
+    stream = "lkv-task-mix"
+    described = (
+        "sources",
+        "code_sources",
+        "num_prompts",
+        "words",
+        "task_weights",
+        "fact_formats",
+        "max_facts",
+        "max_shots",
+        "seed",
+    )
 
     def __init__(
         self,
@@ -113,7 +112,7 @@ class TaskMixPrompts(PromptSource):
         seed: int = 0,
         roots: dict[str, str] | None = None,
     ) -> None:
-        check_passage_counts(num_prompts, min_words, max_words)
+        super().__init__(sources, num_prompts, min_words, max_words, fact_formats, seed, roots)
         if not 2 <= max_facts <= len(TRAIN_KEYS):
             raise ValueError(f"max_facts must be in [2, {len(TRAIN_KEYS)}], got {max_facts}")
         if not 1 <= max_shots < len(TRAIN_KEYS):
@@ -121,8 +120,6 @@ class TaskMixPrompts(PromptSource):
         self.task_weights = _check_weights(
             dict(DEFAULT_TASK_WEIGHTS if task_weights is None else task_weights)
         )
-        self.roots = source_roots(roots)
-        self._sources = training_sources(tuple(sources), self.roots)
         self._code_sources: list[TextSource] = []
         if self.task_weights.get("code", 0) > 0:
             if not code_sources:
@@ -135,37 +132,17 @@ class TaskMixPrompts(PromptSource):
                 raise ValueError(
                     f"code_sources: {prose} are not code sources (lkv.labels.sources kind 'code')"
                 )
-        self._facts = training_formats(fact_formats)
-        self.sources = tuple(sources)
         self.code_sources = tuple(code_sources)
-        self.num_prompts = num_prompts
-        self.min_words = min_words
-        self.max_words = max_words
-        self.fact_formats = tuple(fact_formats)
         self.max_facts = max_facts
         self.max_shots = max_shots
-        self.seed = seed
 
-    def __len__(self) -> int:
-        return self.num_prompts
+    def _drawn_sources(self) -> list[TextSource]:
+        return self._sources + self._code_sources
 
-    def describe(self) -> str:
-        return (
-            f"TaskMixPrompts(sources={list(self.sources)}, code_sources={list(self.code_sources)}, "
-            f"num_prompts={self.num_prompts}, words={self.min_words}..{self.max_words}, "
-            f"task_weights={self.task_weights}, fact_formats={list(self.fact_formats)}, "
-            f"max_facts={self.max_facts}, max_shots={self.max_shots}, seed={self.seed})"
-        )
-
-    def __iter__(self) -> Iterator[Prompt]:
-        doc_ids = split_doc_ids(self._sources + self._code_sources)
+    def _prompt(self, index: int, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+        """A task drawn by :attr:`task_weights`, then its passage and question."""
         tasks = [t for t in TASKS if self.task_weights.get(t, 0) > 0]
-        weights = [self.task_weights[t] for t in tasks]
-        for index in range(self.num_prompts):
-            rng = random.Random(f"lkv-task-mix:{self.seed}:{index}")
-            yield self._prompt(index, rng.choices(tasks, weights)[0], rng, doc_ids)
-
-    def _prompt(self, index: int, task: str, rng: random.Random, doc_ids: dict[str, list[str]]) -> Prompt:
+        task = rng.choices(tasks, [self.task_weights[t] for t in tasks])[0]
         source = rng.choice(self._code_sources if task == "code" else self._sources)
         documents, segments = self._passage(source, doc_ids[source.name], rng)
         code = source.kind == "code"
@@ -183,9 +160,8 @@ class TaskMixPrompts(PromptSource):
         if code:
             passage = f"```\n{passage}\n```"
         messages = [{"role": "user", "content": f"{passage}\n\n{question}"}]
-        digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:8]
         return Prompt(
-            id=f"taskmix-s{self.seed}-{index:05d}-{digest}",
+            id=prompt_id(f"taskmix-s{self.seed}", index, messages),
             messages=messages,
             source=source.name,
             doc_id=documents[0],
