@@ -13,6 +13,7 @@ FullKV rows must agree on every shared sample (same prompt, same answer), and a 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -143,6 +144,49 @@ def distance_band(distance: int) -> str:
     return next((name for top, name in BANDS if distance <= top), LAST_BAND)
 
 
+def preset_figures(
+    rows: Sequence[dict[str, Any]], methods: dict[int, str], preset: str, setting: str = "aware"
+) -> list[dict[str, Any]]:
+    """One object per seed (``methods``: seed → the method name of that seed's preset) of counts of FullKV-solved
+    needles: per source group, far and near ``n``, how many the preset kept at C = 128 / 256 (near: 128), and how
+    many the Oracle kept at C = 128. The JSON form of the issue's must-show table."""
+    solved = fullkv_solved(rows, TASK, setting)
+    meta = {r["sample"]: r["meta"] for r in rows if r["task"] == TASK and r["sample"] in solved}
+    kept = {
+        (r["method"], r["budget"], r["sample"])
+        for r in rows
+        if r["task"] == TASK and r["setting"] == setting and r["sample"] in solved and r["score"] == 1.0
+    }
+
+    def count(method: str, budget: str, samples: list[str]) -> int:
+        return sum((method, budget, s) in kept for s in samples)
+
+    def group(method: str, source_group: str) -> dict[str, int]:
+        cell = {
+            b: [s for s in solved if meta[s]["source_group"] == source_group and meta[s]["bin"] == b]
+            for b in ("far", "near")
+        }
+        return {
+            "far_n": len(cell["far"]),
+            "far_kept_128": count(method, "128", cell["far"]),
+            "far_kept_256": count(method, "256", cell["far"]),
+            "near_n": len(cell["near"]),
+            "near_kept_128": count(method, "128", cell["near"]),
+            "oracle_far_kept_128": count("oracle", "128", cell["far"]),
+        }
+
+    return [
+        {
+            "seed": seed,
+            "preset": preset,
+            "method": method,
+            "out_of_source": group(method, "out-of-source"),
+            "in_source": group(method, "in-source"),
+        }
+        for seed, method in sorted(methods.items())
+    ]
+
+
 def _value(meta: dict[str, Any], grouping: str | tuple[str, ...]) -> str:
     keys = grouping if isinstance(grouping, tuple) else (grouping,)
     return " / ".join(distance_band(meta["distance"]) if key == "band" else str(meta[key]) for key in keys)
@@ -167,6 +211,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--setting", default="aware", choices=("aware", "agnostic"))
     parser.add_argument("--reference", default=REFERENCE, help="the method every other is paired against")
+    parser.add_argument(
+        "--json", type=Path, help="also write the preset's per-seed counts (preset_figures) to this file"
+    )
+    parser.add_argument("--preset", default="general", help="the preset's name in --json")
+    parser.add_argument(
+        "--seed_method",
+        action="append",
+        default=[],
+        metavar="SEED=METHOD",
+        help="a seed of the preset and its method name in the rows (repeat per seed), for --json",
+    )
     args = parser.parse_args(argv)
     folders = []
     for folder in args.folders:
@@ -175,7 +230,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             sys.exit(f"summary: no {RESULTS_FILE} at {path}")
         folders.append(ResultsFile(path).rows)
     try:
-        print("\n".join(kept_tables(merged_rows(folders), args.setting, args.reference)))
+        rows = merged_rows(folders)
+        print("\n".join(kept_tables(rows, args.setting, args.reference)))
+        if args.json is not None:
+            methods = {
+                int(seed): method for seed, method in (item.split("=", 1) for item in args.seed_method)
+            }
+            if not methods:
+                raise ValueError("--json needs at least one --seed_method SEED=METHOD")
+            figures = preset_figures(rows, methods, args.preset, args.setting)
+            args.json.write_text(json.dumps(figures, indent=2) + "\n")
     except ValueError as error:
         sys.exit(f"summary: {error}")
 

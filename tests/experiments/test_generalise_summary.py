@@ -119,3 +119,33 @@ def test_distance_bands_split_far_needles_at_the_plans_edges():
         "| 2.5–4K | 1 | 1/1 = 100 % [21, 100] |" in lines
         and "| 1.5–2.5K | 1 | 1/1 = 100 % [21, 100] |" in lines
     )
+
+
+def test_preset_figures_count_kept_needles_per_seed_and_source_group():
+    rows = [row(s, "fullkv", "full", 1.0) for s in "abc"]
+    rows += [row("a", "mix", "128", 1.0), row("a", "mix", "256", 1.0), row("c", "mix", "128", 0.0)]
+    rows += [row("c", "mix", "256", 1.0), row("b", "mix", "128", 1.0), row("c", "oracle", "128", 1.0)]
+    figures = summary.preset_figures(rows, {0: "mix"}, "general")
+    assert figures == [
+        {
+            "seed": 0,
+            "preset": "general",
+            "method": "mix",
+            "out_of_source": {
+                "far_n": 1,
+                "far_kept_128": 0,
+                "far_kept_256": 1,
+                "near_n": 0,
+                "near_kept_128": 0,
+                "oracle_far_kept_128": 1,
+            },
+            "in_source": {
+                "far_n": 1,
+                "far_kept_128": 1,
+                "far_kept_256": 1,
+                "near_n": 1,
+                "near_kept_128": 1,
+                "oracle_far_kept_128": 0,
+            },
+        }
+    ]
