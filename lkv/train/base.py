@@ -85,9 +85,13 @@ class ImportanceModule(L.LightningModule):
 
     prediction_name = "prediction"
 
-    def __init__(self, eval_budgets: Sequence[int], optim: OptimSettings | dict[str, Any]) -> None:
+    def __init__(self, eval_budgets: Sequence[int], optim: OptimSettings) -> None:
+        # `optim` is typed as the plain dataclass: for a `model.class_path` config, jsonargparse first parses
+        # this signature and carries the values it finds into the chosen subclass's arguments. A dataclass
+        # gives an empty group there (the subclass's default fills it); a union (`OptimSettings | dict`) gives
+        # `optim=None` (or, with a default, that default's fields), which would replace the subclass's default.
         super().__init__()
-        # as a dataclass here: the hyper-parameters keep what LightningCLI parsed (a dict)
+        # as a dataclass here: a checkpoint's hyper-parameters keep what LightningCLI parsed (a dict)
         self.optim = as_settings(optim, OptimSettings, "model.optim")
         # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
         self.strict_loading = False
