@@ -173,7 +173,9 @@ def test_a_config_that_includes_the_probe_trains_the_probe(tmp_path):
     ],
     ids=["probe", "restorekv"],
 )
-def test_a_class_path_config_without_optim_trains_with_the_modules_default(tmp_path, class_path, init_args, lr):
+def test_a_class_path_config_without_optim_trains_with_the_modules_default(
+    tmp_path, class_path, init_args, lr
+):
     """``model.optim`` left out of a ``class_path`` config: the chosen module's own default settings apply
     (the base class's ``optim`` must not hand jsonargparse a value that overrides them)."""
     root = make_workspace(tmp_path)
