@@ -53,7 +53,7 @@ class RestoreKVModule(FrozenLLMModule):
     Args:
         model, dtype, attn_implementation: the frozen LLM (as :class:`~lkv.train.module.LookaheadKVModule`).
         num_restore: ``n``, the restore tokens (the paper's 8).
-        restore_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (:func:`lkv.model.lookahead.init_embeddings`).
+        restore_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (:func:`lkv.model.tokens.init_embeddings`).
         lora_rank, lora_alpha, lora_dropout, lora_targets: the LoRA active only for the restore tokens.
         budget: ``C``, tokens per KV head of the student's cache, the ``n`` restore slots included.
         chunk_size, overlap: KVzip's reconstruction chunks.
