@@ -6,8 +6,9 @@ layer; the cache is cropped back to ``S``. An eviction method then keeps those `
 the context entries it selects (:class:`lkv.eviction.presses.restorekv.RestoreKVPress`): they carry what the
 evicted context held, and were trained to (:class:`lkv.train.restore_module.RestoreKVModule`).
 
-The module is a :class:`~lkv.model.lookahead.LookaheadAdapter` (same embeddings, same peft LoRA switched on only
-for its tokens) with its own folder, laid out as NVIDIA kvpress's ``RestoreKVPress`` reads a published one::
+The module is a :class:`~lkv.model.tokens.TokenAdapter` (learned embeddings + a peft LoRA switched on only for
+its tokens, as a lookahead module's) with its own folder, laid out as NVIDIA kvpress's ``RestoreKVPress`` reads
+a published one::
 
     restorekv.json                    settings + the base model's signature (``extra["model"]``)
     restore_embeddings.safetensors    {"restore_embeddings": (n, hidden)} float32
@@ -22,7 +23,7 @@ from transformers import DynamicCache, PreTrainedModel
 from lkv.core.cache import AppendedKV
 from lkv.core.compat import cache_kwargs
 from lkv.core.generation import crop_to
-from lkv.model.lookahead import LookaheadAdapter, unreachable_linears
+from lkv.model.tokens import TokenAdapter, unreachable_linears
 
 RESTORE_CONFIG_FILE = "restorekv.json"
 RESTORE_EMBEDDINGS_FILE = "restore_embeddings.safetensors"
@@ -31,12 +32,12 @@ RESTORE_ADAPTER = "restorekv"
 NUM_RESTORE_TOKENS = 8  # the paper's n
 
 
-class RestoreAdapter(LookaheadAdapter):
+class RestoreAdapter(TokenAdapter):
     """Frozen model + ``n`` restore embeddings + a peft LoRA active only inside :meth:`restore`.
 
-    Built with :meth:`create` / :meth:`load` as a lookahead module (its folder: the module docstring). Its
-    LoRA spares only the linear layers that cannot reach the restore K/V: the last layer's query, output and
-    MLP projections (:meth:`excluded_linears`).
+    Built with :meth:`~lkv.model.tokens.TokenAdapter.create` / :meth:`~lkv.model.tokens.TokenAdapter.load`
+    (its folder: the module docstring). Its LoRA spares only the linear layers that cannot reach the restore
+    K/V: the last layer's query, output and MLP projections (:meth:`excluded_linears`).
     """
 
     config_file = RESTORE_CONFIG_FILE

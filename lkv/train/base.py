@@ -1,5 +1,5 @@
-"""What every trained importance predictor shares: one prefill per sample, the loss against s_GT, the ranking
-metrics, the optimiser, and checkpoints that hold only the trainable weights.
+"""What every trained importance predictor shares: one prefill per sample, the loss against s_GT, and the ranking
+metrics (beside what every module trained next to a frozen LLM shares: :class:`lkv.train.frozen.FrozenLLMModule`).
 
 A predictor (:class:`lkv.train.module.LookaheadKVModule`, :class:`lkv.train.probe_module.ProbeModule`) loads
 its frozen LLM in :meth:`~lightning.pytorch.core.hooks.ModelHooks.configure_model` and defines
@@ -12,24 +12,20 @@ TensorBoard:
   (layer, KV head) of KL(s_GT ‖ predicted), docs/design.md §1) and ``train/prompt_tokens``;
 - validation and test: ``val/kl``, ``val/recall@C``, ``val/kendall_tau`` and SnapKV's reference line
   ``val/snapkv_recall@C``, ``val/snapkv_kendall_tau`` from an observation-window capture of the same prefill;
-  a fit names the first three as the metrics of its TensorBoard HParams session (:meth:`on_fit_start`);
-- AdamW with a cosine or constant schedule per optimiser step (``model.optim``, :mod:`lkv.train.optim`), one
-  parameter group per predictor trained in the fit (:meth:`param_groups`), each clipped alone;
+  a fit names the first three as the metrics of its TensorBoard HParams session;
 - predictors trained beside the main one on the same prefill (a lookahead module's probe): their losses
   (:meth:`side_losses`, logged as ``train/<name>``) join the backpropagated loss, their validation metrics
-  (:meth:`side_metrics`) are logged beside the main one's;
-- checkpoints trimmed to :meth:`trainable_parameters` (the frozen LLM is reloaded by ``configure_model``).
+  (:meth:`side_metrics`) are logged beside the main one's, their weights form parameter groups of their own
+  (:meth:`~lkv.train.frozen.FrozenLLMModule.param_groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics import MetricCollection
 from transformers import DynamicCache, PreTrainedModel
 
@@ -38,14 +34,10 @@ from lkv.core.budget import token_budgets
 from lkv.core.generation import prefill
 from lkv.core.importance import response_importance
 from lkv.core.metrics import importance_kl, ranking_metrics
-from lkv.core.tensorboard import hparams_session
 from lkv.eviction.presses.snapkv import snapkv_scores
-from lkv.model.backbone import ModelSignature, model_signature
 from lkv.train.datamodule import Sample
-from lkv.train.optim import OptimSettings, ParamGroup, as_settings, build_optimizer, clip_gradients
-
-# the checkpoint entry holding the prompt setting of the labels the module trained on (`aware`, `agnostic`)
-CHECKPOINT_SETTING = "label_setting"
+from lkv.train.frozen import FrozenLLMModule
+from lkv.train.optim import OptimSettings, ParamGroup, build_optimizer
 
 
 @dataclass
@@ -70,12 +62,12 @@ class SharedPrefill:
         return self.target.shape[-1]
 
 
-class ImportanceModule(L.LightningModule):
+class ImportanceModule(FrozenLLMModule):
     """Base of the trained importance predictors (see the module docstring for what it provides).
 
     The subclass's ``__init__`` calls ``super().__init__(eval_budgets, optim)`` then ``self.save_hyperparameters()``,
-    and its hyper-parameters include ``model``, ``optim`` (:class:`~lkv.train.optim.OptimSettings`),
-    ``eval_budgets``, ``snapkv_window`` and ``snapkv_kernel``.
+    and its hyper-parameters include those of :class:`~lkv.train.frozen.FrozenLLMModule`, ``eval_budgets``,
+    ``snapkv_window`` and ``snapkv_kernel``.
 
     Attributes:
         share_prefill: return each step's prefills in its outputs (``outputs["prefills"]``, for sibling
@@ -85,18 +77,9 @@ class ImportanceModule(L.LightningModule):
 
     prediction_name = "prediction"
 
-    def __init__(self, eval_budgets: Sequence[int], optim: OptimSettings | dict[str, Any]) -> None:
-        super().__init__()
-        # as a dataclass here: the hyper-parameters keep what LightningCLI parsed (a dict)
-        self.optim = as_settings(optim, OptimSettings, "model.optim")
-        # Checkpoints carry only the trainable weights; the frozen LLM comes from `configure_model`.
-        self.strict_loading = False
+    def __init__(self, eval_budgets: Sequence[int], optim: OptimSettings) -> None:
+        super().__init__(optim)
         self.share_prefill = False
-        self.tokenizer = None
-        self.signature: ModelSignature | None = None
-        # the prompt setting of the labels it trains on (`LabelDataModule.label_setting`), kept in checkpoints
-        # and written by `lkv export` into lookahead.json (a checkpoint from before it counts as aware)
-        self.label_setting = "aware"
         budgets = list(token_budgets(eval_budgets, "model.eval_budgets"))
         self.val_metrics = ranking_metrics(budgets, "val/")
         self.val_snapkv = ranking_metrics(budgets, "val/snapkv_", kl=False)
@@ -115,14 +98,6 @@ class ImportanceModule(L.LightningModule):
         """
         raise NotImplementedError
 
-    def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
-        """State-dict key → parameter of everything that trains (what checkpoints keep)."""
-        raise NotImplementedError
-
-    def param_groups(self) -> list[ParamGroup]:
-        """The optimiser's parameter groups: by default one, every trainable weight with ``model.optim``."""
-        return [ParamGroup("module", list(self.trainable_parameters().values()), self.optim)]
-
     def side_losses(self, sample: Sample, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Name → one sample's loss of each predictor trained beside this one on the same prefill (none by
         default). Their parameters are disjoint from this predictor's, so adding the losses leaves this
@@ -134,10 +109,6 @@ class ImportanceModule(L.LightningModule):
         score that prediction against s_GT, for predictors trained beside this one (none by default)."""
         return {}
 
-    def describe(self) -> str:
-        """What this module is, for error messages (e.g. ``lookahead module (smollm2-135m, ...)``)."""
-        return f"{type(self).__name__} ({self.hparams.model})"
-
     def loss(self, sample: Sample, scores: dict[str, torch.Tensor]) -> torch.Tensor:
         """One sample's training loss: mean over (layer, KV head) of KL(s_GT ‖ predicted)."""
         return importance_kl(scores["target"], scores["pred"]).mean()
@@ -148,23 +119,6 @@ class ImportanceModule(L.LightningModule):
         return self.importance(sample)
 
     # --- shared -------------------------------------------------------------------------------------------
-
-    def load_frozen_backbone(self, loader: Callable[..., tuple[PreTrainedModel, Any]]) -> PreTrainedModel:
-        """Load the frozen LLM with ``loader`` (:func:`lkv.model.backbone.load_backbone`, passed by the
-        subclass's module so tests can replace it there) onto the trainer's device, keep its tokenizer and
-        signature, check it against the label folders and take their setting (one for all of them)."""
-        hp = self.hparams
-        device = self._trainer.strategy.root_device if self._trainer is not None else None
-        backbone, self.tokenizer = loader(
-            hp.model, dtype=hp.dtype, attn_implementation=hp.attn_implementation, device=device
-        )
-        self.signature = model_signature(backbone, self.tokenizer, hp.model)
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if hasattr(datamodule, "check_model"):
-            datamodule.check_model(self.signature)
-        if hasattr(datamodule, "label_setting"):
-            self.label_setting = datamodule.label_setting()
-        return backbone
 
     def prefill_sample(
         self,
@@ -250,32 +204,8 @@ class ImportanceModule(L.LightningModule):
         return self._evaluate(batch, self.test_metrics, self.test_snapkv, "test")
 
     def hparams_metrics(self) -> list[str]:
-        """The validation metrics that rank fit runs in TensorBoard's HParams tab."""
+        """``val/kl``, ``val/recall@C`` of every evaluation budget and ``val/kendall_tau``."""
         return ["val/kl", *(f"val/recall@{c}" for c in self.hparams.eval_budgets), "val/kendall_tau"]
-
-    def on_fit_start(self) -> None:
-        # An HParams session (model.* and data.* settings, named metrics) in every TensorBoard run. Written
-        # before Lightning's own hyper-parameter logging: TensorBoard keeps a run's first session, so a
-        # logger left with `default_hp_metric` still shows these metrics, not its `hp_metric` placeholder.
-        # A trainer with `enable_autolog_hparams: false` (`lkv sweep` points, which log their own) gets none.
-        if not (self.trainer.enable_autolog_hparams and self.trainer.is_global_zero):
-            return
-        params = _flat({k: v for k, v in self.hparams.items() if not k.startswith("_")}, "model.")
-        datamodule = self.trainer.datamodule
-        if datamodule is not None:
-            params |= {f"data.{k}": v for k, v in datamodule.hparams.items() if not k.startswith("_")}
-        for logger in self.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                for summary in hparams_session(params, self.hparams_metrics()):
-                    logger.experiment.file_writer.add_summary(summary)
-
-    def on_train_epoch_start(self) -> None:
-        datamodule = self.trainer.datamodule
-        if hasattr(datamodule, "set_epoch"):
-            datamodule.set_epoch(self.current_epoch)
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        return build_optimizer(self.param_groups(), self.trainer.estimated_stepping_batches)
 
     def optimizer_for(self, params: list[torch.nn.Parameter]) -> dict[str, Any]:
         """An AdamW and per-step schedule over ``params`` with this module's ``optim`` settings (Lightning's
@@ -283,55 +213,3 @@ class ImportanceModule(L.LightningModule):
         return build_optimizer(
             [ParamGroup("module", params, self.optim)], self.trainer.estimated_stepping_batches
         )
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Clip each parameter group alone (one group: Lightning's own clipping), so a predictor trained
-        beside this one never changes how this one's gradients are clipped."""
-        if not gradient_clip_val:
-            return
-        for group in optimizer.param_groups:
-            clip_gradients(group["params"], gradient_clip_val, gradient_clip_algorithm)
-
-    def trainable_state_names(self) -> set[str]:
-        """State-dict keys of the trainable weights."""
-        return set(self.trainable_parameters())
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        keep = self.trainable_state_names()
-        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
-        checkpoint[CHECKPOINT_SETTING] = self.label_setting
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # `load_from_checkpoint` calls this before `load_state_dict`: build the model the weights belong to.
-        self.configure_model()
-        self.label_setting = checkpoint.get(CHECKPOINT_SETTING, "aware")
-        expected = self.trainable_state_names()
-        found = set(checkpoint["state_dict"])
-        missing, unexpected = sorted(expected - found), sorted(found - expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint does not match this {self.describe()}: {len(missing)} trainable weights missing "
-                f"(e.g. {missing[:3]}), {len(unexpected)} unexpected (e.g. {unexpected[:3]})"
-            )
-        # The frozen weights are the ones just loaded: hand them back (by reference) so loading matches the
-        # whole state dict instead of reporting every frozen tensor as missing.
-        frozen = {k: v for k, v in self.state_dict().items() if k not in expected}
-        checkpoint["state_dict"] = {**frozen, **checkpoint["state_dict"]}
-
-
-def _flat(params: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """``params`` with every dataclass value (``optim``, ``probe``) spread into ``prefix.key.field`` entries."""
-    flat = {}
-    for key, value in params.items():
-        if is_dataclass(value) and not isinstance(value, type):
-            flat |= _flat(asdict(value), f"{prefix}{key}.")
-        elif isinstance(value, dict):
-            flat |= _flat(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

@@ -3,7 +3,7 @@
 Configs have a ``model:`` (the module's arguments), a ``data:`` (the label folders) and a ``trainer:``
 section; ``lkv fit --config configs/smollm2_135m.yaml --print_config`` shows every setting without
 loading any weights. A config whose ``model:`` names a ``class_path`` (with its ``init_args``) trains that
-:class:`~lkv.train.base.ImportanceModule` instead, e.g. the per-token probe of ``configs/probe_smollm2.yaml``
+:class:`~lkv.train.frozen.FrozenLLMModule` instead, e.g. the per-token probe of ``configs/probe_smollm2.yaml``
 (:class:`lkv.train.probe_module.ProbeModule`); the LookaheadKV configs keep their plain ``model:`` settings.
 TensorBoard is the default logger; every fit run carries an HParams session that ranks it by its last
 ``val/recall@C``, ``val/kendall_tau`` and ``val/kl``.
@@ -45,9 +45,9 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lkv.core.progress import interactive
-from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.export import read_checkpoint
+from lkv.train.frozen import FrozenLLMModule
 from lkv.train.module import LookaheadKVModule
 from lkv.train.progress import FitProgressLines, bar_on_terminal_only
 
@@ -283,7 +283,7 @@ def lightning_main(args: list[str]) -> None:
 
     The module is :class:`LookaheadKVModule`, whose settings a config gives directly under ``model:``, unless
     the arguments name a class (:func:`names_module_class`): then any
-    :class:`~lkv.train.base.ImportanceModule` given as ``model: {class_path: ..., init_args: ...}``.
+    :class:`~lkv.train.frozen.FrozenLLMModule` given as ``model: {class_path: ..., init_args: ...}``.
     """
     by_class = names_module_class(args)
     try:
@@ -301,9 +301,9 @@ def lightning_main(args: list[str]) -> None:
 
 
 def _lightning_cli(args: list[str], by_class: bool) -> None:
-    """LightningCLI over ``args``: the module class (or, ``by_class``, any ImportanceModule) and lkv's defaults."""
+    """LightningCLI over ``args``: the module class (or, ``by_class``, any FrozenLLMModule) and lkv's defaults."""
     LookaheadCLI(
-        ImportanceModule if by_class else LookaheadKVModule,
+        FrozenLLMModule if by_class else LookaheadKVModule,
         LabelDataModule,
         subclass_mode_model=by_class,
         args=args,

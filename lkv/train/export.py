@@ -28,7 +28,7 @@ from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY
 from lkv.model.probe import PROBE_CONFIG_FILE
 
 if TYPE_CHECKING:
-    from lkv.train.base import ImportanceModule
+    from lkv.train.frozen import FrozenLLMModule
 
 # `resolve_adapter` exports a checkpoint `X.ckpt` to the sibling folder `X-adapter/`, `resolve_probe`
 # to `X-probe/`.
@@ -57,7 +57,7 @@ def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:
         raise ValueError(f"checkpoint {ckpt}: {unreadable} ({reason})") from None
 
 
-def load_checkpoint(ckpt: str | Path, **overrides: str) -> ImportanceModule:
+def load_checkpoint(ckpt: str | Path, **overrides: str) -> FrozenLLMModule:
     """The LightningModule of an ``lkv fit`` checkpoint, its base model loaded (``overrides``: init args).
 
     A checkpoint whose weights are all ``probe.*`` is a :class:`ProbeModule`'s, all ``restore.*`` a

@@ -104,7 +104,7 @@ class LookaheadKVModule(ImportanceModule):
         dtype: weights dtype of the frozen LLM (``float32`` on CPU, ``bfloat16`` on GPU).
         attn_implementation: attention of the frozen LLM: ``sdpa`` or ``eager`` (``flex_attention`` is refused).
         num_lookahead: ``M``, lookahead embeddings (paper: 32).
-        lookahead_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (see :func:`lkv.model.lookahead.init_embeddings`).
+        lookahead_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (see :func:`lkv.model.tokens.init_embeddings`).
         lora_rank, lora_alpha, lora_dropout: LoRA settings (paper: 8, 32, 0).
         lora_targets: ``all-linear`` (q,k,v,o,gate,up,down), a list of module names, or ``none`` to train
             the embeddings alone.

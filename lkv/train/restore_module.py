@@ -36,23 +36,24 @@ from lkv.eviction.presses.restorekv import RestoreKVPress
 from lkv.eviction.selector import select_indices
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.restore import NUM_RESTORE_TOKENS, RESTORE_ADAPTER, RestoreAdapter
-from lkv.train.base import ImportanceModule
 from lkv.train.datamodule import Sample
+from lkv.train.frozen import FrozenLLMModule
 from lkv.train.optim import OptimSettings
 
 RESTORE_OPTIM = OptimSettings()
 
 
-class RestoreKVModule(ImportanceModule):
+class RestoreKVModule(FrozenLLMModule):
     """Trains ``n`` restore embeddings and a LoRA by self-distillation (module docstring).
 
-    It shares :class:`~lkv.train.base.ImportanceModule`'s frozen-model loading, optimiser, gradient clipping
-    and trimmed checkpoints; its steps are its own (no importance is predicted).
+    It shares :class:`~lkv.train.frozen.FrozenLLMModule`'s frozen-model loading, optimiser, gradient clipping
+    and trimmed checkpoints; its steps and metrics are its own (no importance is predicted): ``train/loss``
+    (the distillation KL), ``train/prompt_tokens``, and ``val/kl``, ``val/kvzip_kl`` (``test/...`` likewise).
 
     Args:
         model, dtype, attn_implementation: the frozen LLM (as :class:`~lkv.train.module.LookaheadKVModule`).
         num_restore: ``n``, the restore tokens (the paper's 8).
-        restore_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (:func:`lkv.model.lookahead.init_embeddings`).
+        restore_init: ``vocab_mean``, ``random_tokens`` or ``normal`` (:func:`lkv.model.tokens.init_embeddings`).
         lora_rank, lora_alpha, lora_dropout, lora_targets: the LoRA active only for the restore tokens.
         budget: ``C``, tokens per KV head of the student's cache, the ``n`` restore slots included.
         chunk_size, overlap: KVzip's reconstruction chunks.
@@ -81,7 +82,7 @@ class RestoreKVModule(ImportanceModule):
             raise ValueError(
                 f"model.budget: {budget} tokens per KV head leave no room beside {num_restore} restore tokens"
             )
-        super().__init__([budget], optim)
+        super().__init__(optim)
         self.save_hyperparameters()
         self.restore: RestoreAdapter | None = None
         self.press: RestoreKVPress | None = None
@@ -175,6 +176,7 @@ class RestoreKVModule(ImportanceModule):
         return self._log_distillation(batch, "test")
 
     def hparams_metrics(self) -> list[str]:
+        """``val/kl`` (with the restore tokens) and ``val/kvzip_kl`` (the reference line)."""
         return ["val/kl", "val/kvzip_kl"]
 
 

@@ -74,18 +74,27 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
-def run_lkv(args: list[str], cwd: Path, timeout: float = 300) -> str:
-    """Run ``lkv ARGS`` to completion and return its output; fail the test on a non-zero exit or when it
-    runs past ``timeout`` seconds (a hang: the whole process group, DDP ranks included, is killed)."""
-    process = subprocess.Popen(
+def start_lkv(args: list[str], cwd: Path) -> subprocess.Popen:
+    """Start ``lkv ARGS`` in a process group of its own (Lightning's other ranks join it) with Ctrl-C's default
+    handling, its stdout and stderr merged into one text pipe; the caller waits for it (``communicate``)."""
+    return subprocess.Popen(
         lkv_command(*args),
         cwd=cwd,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # Lightning's other ranks join this process group
+        start_new_session=True,
+        # a shell's background job (CI, nohup) ignores SIGINT, and Python then installs no Ctrl-C handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
+
+
+def run_lkv(args: list[str], cwd: Path, timeout: float = 300) -> str:
+    """Run ``lkv ARGS`` to completion (:func:`start_lkv`) and return its output; fail the test on a non-zero
+    exit or when it runs past ``timeout`` seconds (a hang: the whole process group, DDP ranks included, is
+    killed)."""
+    process = start_lkv(args, cwd)
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

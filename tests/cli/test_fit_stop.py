@@ -4,21 +4,13 @@ saying what was kept and the command that resumes; that command then finishes th
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import lightning as L
 import pytest
 
-from tests.cli.conftest import (
-    fit_settings,
-    lkv_command,
-    make_workspace,
-    run_lkv,
-    subprocess_env,
-    trained_weights,
-)
+from tests.cli.conftest import fit_settings, make_workspace, run_lkv, start_lkv, trained_weights
 from tests.cli.test_resume import write_config
 
 
@@ -56,17 +48,7 @@ def test_a_stopped_fit_says_what_it_kept_and_resumes(workspace, tmp_path, sent, 
     )
     config = write_config(run, settings, "waiting.yaml")
     args = ["fit", "--config", str(config)]
-    job = subprocess.Popen(
-        lkv_command(*args),
-        cwd=tmp_path,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        # a shell's background job (CI, nohup) ignores SIGINT, and Python then installs no Ctrl-C handler
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    job = start_lkv(args, cwd=tmp_path)
     deadline = time.monotonic() + 240
     while not (run / "waiting").exists():
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0][-3000:]

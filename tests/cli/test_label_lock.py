@@ -13,7 +13,15 @@ import pytest
 
 from lkv.cli import main as lkv_main
 from lkv.labels.lock import HOLDER_FILE
-from tests.cli.conftest import label_args, lkv_command, make_workspace, run_lkv, shard_ids, subprocess_env
+from tests.cli.conftest import (
+    label_args,
+    lkv_command,
+    make_workspace,
+    run_lkv,
+    shard_ids,
+    start_lkv,
+    subprocess_env,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -24,14 +32,7 @@ def workspace(tmp_path_factory) -> Path:
 
 
 def start_label(root: Path, output: Path, shard_size: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        lkv_command(*label_args(root, output, root / "prompts.jsonl", shard_size=shard_size)),
-        cwd=root,
-        env=subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_lkv(label_args(root, output, root / "prompts.jsonl", shard_size=shard_size), cwd=root)
 
 
 def holding(process: subprocess.Popen, folder: Path, timeout: float = 120) -> None:

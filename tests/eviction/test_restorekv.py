@@ -129,6 +129,23 @@ def test_the_lora_acts_in_the_restore_pass_only(tiny_llama):
         torch.testing.assert_close(mine.values[:, :, -N:], lora.values[layer], atol=1e-6, rtol=0)
 
 
+def test_a_restore_module_only_restores(make_tiny_model):
+    """A restore module appends its tokens' K/V (:meth:`RestoreAdapter.restore`); it scores no prompt
+    positions, so it has no lookahead step. Its LoRA reaches the last layer's keys and values, a lookahead
+    module's that layer's queries and keys."""
+    assert not issubclass(RestoreAdapter, LookaheadAdapter)
+    assert not any(hasattr(RestoreAdapter, name) for name in ("predict", "stream"))
+    model, _ = make_tiny_model("llama")
+    last = model.config.num_hidden_layers - 1
+    for adapter_class, read in (
+        (RestoreAdapter, {"k_proj", "v_proj"}),
+        (LookaheadAdapter, {"q_proj", "k_proj"}),
+    ):
+        adapter = adapter_class.create(make_tiny_model("llama")[0], num_tokens=N, lora_rank=2)
+        names = {name.split(".")[-4] for name in adapter.trainable_parameters() if f"layers.{last}." in name}
+        assert names == read, adapter_class
+
+
 def test_a_budget_that_holds_the_prompt_neither_evicts_nor_restores(tiny_llama):
     model, tokenizer = tiny_llama
     ids = prompt(model, PROMPT_LEN)

@@ -6,7 +6,8 @@ from peft import PeftModel
 
 from lkv.core.generation import prefill
 from lkv.core.metrics import importance_kl
-from lkv.model.lookahead import CONFIG_FILE, INITS, LookaheadAdapter, init_embeddings
+from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
+from lkv.model.tokens import INITS, init_embeddings
 
 
 def random_prompt(model, length: int = 24, seed: int = 0) -> torch.Tensor:

@@ -10,11 +10,13 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import lkv.train.module
 from lkv.cli import main as cli_main
 from lkv.train.cli import lightning_main, resolved_fit_config
+from tests.cli.conftest import fit_settings, make_workspace
 from tests.shipped_configs import ROOT, is_fit_config, shipped_configs
 
 OTHER_VERBS = ("eval", "sweeps", "demo")
@@ -161,3 +163,29 @@ def test_a_config_that_includes_the_probe_trains_the_probe(tmp_path):
     assert resolved["model"]["class_path"] == "lkv.train.probe_module.ProbeModule"
     assert resolved["model"]["init_args"]["hidden_dim"] == 0
     assert resolved["model"]["init_args"]["optim"]["lr"] == 5e-3  # the included recipe's
+
+
+@pytest.mark.parametrize(
+    ("class_path", "init_args", "lr"),
+    [
+        ("lkv.train.probe_module.ProbeModule", {"hidden_dim": 8, "eval_budgets": [4, 8]}, 5e-3),
+        ("lkv.train.restore_module.RestoreKVModule", {"num_restore": 2, "budget": 8, "chunk_size": 16}, 1e-3),
+    ],
+    ids=["probe", "restorekv"],
+)
+def test_a_class_path_config_without_optim_trains_with_the_modules_default(
+    tmp_path, class_path, init_args, lr
+):
+    """``model.optim`` left out of a ``class_path`` config: the chosen module's own default settings apply
+    (the base class's ``optim`` must not hand jsonargparse a value that overrides them)."""
+    root = make_workspace(tmp_path)
+    run = tmp_path / "run"
+    settings = fit_settings(root, run, max_steps=1)
+    settings["trainer"]["callbacks"] = settings["trainer"]["callbacks"][:1]  # the checkpoint
+    settings["model"] = {"class_path": class_path, "init_args": {"model": str(root / "model"), **init_args}}
+    config = tmp_path / "fit.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    cli_main(["fit", "--config", str(config)])
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["hyper_parameters"]["optim"]["lr"] == lr
+    assert [group["initial_lr"] for group in checkpoint["optimizer_states"][0]["param_groups"]] == [lr]

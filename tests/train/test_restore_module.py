@@ -5,7 +5,10 @@ import lightning as L
 import pytest
 import torch
 import yaml
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader
+from torchmetrics import Metric, MetricCollection
 
 import lkv.train.restore_module
 from lkv.cli import main as lkv_main
@@ -103,6 +106,30 @@ def test_a_checkpoint_exports_the_folder_the_press_loads(tmp_path):
         want = module.restore.restore(cache, ids.shape[1])
     for mine, theirs in zip(got.keys + got.values, want.keys + want.values, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+def test_a_fit_logs_exactly_the_distillation_metrics(tmp_path):
+    """What a fit, its validation and a test log: the distillation losses, nothing of the importance
+    predictors' ranking metrics (the module holds none)."""
+    module = configured()
+    assert not [name for name, m in module.named_modules() if isinstance(m, (Metric, MetricCollection))]
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=TensorBoardLogger(tmp_path, name="tb", version="v", default_hp_metric=False),
+        log_every_n_steps=1,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader([batch()], batch_size=None, collate_fn=lambda b: b)
+    trainer.fit(module, train_dataloaders=loader, val_dataloaders=loader)
+    trainer.test(module, dataloaders=loader)
+    scalars = EventAccumulator(str(tmp_path / "tb" / "v")).Reload().Tags()["scalars"]
+    assert set(scalars) == {"epoch", "train/loss", "train/prompt_tokens"} | {
+        f"{stage}/{name}" for stage in ("val", "test") for name in ("kl", "kvzip_kl")
+    }
 
 
 def test_lkv_fit_export_and_generate_with_restorekv(tmp_path, capsys, monkeypatch):

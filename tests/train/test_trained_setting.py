@@ -10,9 +10,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lkv.eviction.presses.lookaheadkv import folder_defaults
 from lkv.labels.shards import read_meta
 from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
-from lkv.train.base import CHECKPOINT_SETTING
 from lkv.train.datamodule import LabelDataModule
 from lkv.train.export import export_checkpoint, read_checkpoint
+from lkv.train.frozen import CHECKPOINT_SETTING
 from lkv.train.module import LookaheadKVModule
 from tests.conftest import TINY, build_tiny_model, make_label_folder
 

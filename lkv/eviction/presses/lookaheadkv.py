@@ -33,14 +33,8 @@ from lkv.eviction.presses.probe import ProbePress
 from lkv.eviction.presses.sentences import SentencePress, sentence_ends
 from lkv.eviction.selector import check_pooling, pool_scores
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
-from lkv.model.lookahead import (
-    CONFIG_FILE,
-    DEFAULT_ADAPTER,
-    LookaheadAdapter,
-    exported_base_model,
-    read_lookahead_folder,
-    trained_setting,
-)
+from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter, exported_base_model, trained_setting
+from lkv.model.tokens import DEFAULT_ADAPTER
 
 Settings = LookaheadKVSettings | str | Mapping[str, Any]
 """A lookahead module's settings as users give them (:meth:`LookaheadKVSettings.of`)."""
@@ -242,7 +236,7 @@ def load_module(
     path = Path(adapter)
     if not path.is_dir():
         raise FileNotFoundError(f"adapter {str(adapter)!r}: not an `lkv export` folder")
-    read_lookahead_folder(path)  # a missing or damaged file is named before the model loads
+    LookaheadAdapter.read_folder(path)  # a missing or damaged file is named before the model loads
     net, tokenizer = load_backbone(
         model or exported_base_model(path) or DEFAULT_MODEL,
         dtype=dtype,
