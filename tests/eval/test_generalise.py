@@ -153,3 +153,48 @@ def test_the_experiment_configs_parse_and_build_the_task(path, capsys):
 
 def test_the_experiment_has_both_configs():
     assert {p.stem for p in CONFIGS} == {"screen", "dev"}
+
+
+def test_bin_caps_keep_the_first_solved_candidates_of_each_named_bin(source_roots, tiny_tokenizer, tmp_path):
+    candidates = task(
+        source_roots, samples_per_source=4, oversample=2, min_length=150, max_length=1600
+    ).samples(tiny_tokenizer)
+    solved = {s.id for i, s in enumerate(candidates) if i % 4 != 3}
+    rows = [
+        {
+            "task": "generalise",
+            "sample": s.id,
+            "method": "fullkv",
+            "budget": "full",
+            "setting": "aware",
+            "score": float(s.id in solved),
+        }
+        for s in candidates
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    caps = {"near": 2, "far": 1}
+    screened = task(
+        source_roots,
+        samples_per_source=4,
+        oversample=2,
+        min_length=150,
+        max_length=1600,
+        screened_by=str(tmp_path),
+        bin_caps=caps,
+    ).samples(tiny_tokenizer)
+    expected = []
+    for source in source_roots:
+        taken = dict.fromkeys(caps, 0)
+        for s in candidates:
+            b = s.meta["bin"]
+            if s.meta["source"] == source and s.id in solved and b in caps and taken[b] < caps[b]:
+                taken[b] += 1
+                expected.append(s.id)
+    assert [s.id for s in screened] == expected
+    assert any(s.meta["bin"] == "near" for s in screened) and all(s.meta["bin"] != "mid" for s in screened)
+    with pytest.raises(
+        ValueError, match="bin_caps: caps solved candidates per distance bin; give screened_by"
+    ):
+        task(source_roots, bin_caps=caps)
+    with pytest.raises(ValueError, match=r"bin_caps: expected positive counts for bins among far, mid, near"):
+        task(source_roots, screened_by=str(tmp_path), bin_caps={"distant": 3})

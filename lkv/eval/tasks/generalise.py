@@ -73,6 +73,9 @@ KINDS: dict[str, NeedleKind] = {
 DEFAULT_KINDS = tuple(KINDS)
 
 
+BINS = ("far", "mid", "near")
+
+
 def distance_bin(distance: int) -> str:
     """``far`` (≥ :data:`FAR` tokens), ``near`` (≤ :data:`NEAR`) or ``mid``."""
     return "far" if distance >= FAR else "near" if distance <= NEAR else "mid"
@@ -132,6 +135,9 @@ class GeneraliseTask(GeneratedTask):
         answer_slack: tokens generated beyond the asked value's own length.
         screened_by: an ``lkv eval`` folder (or its ``results.jsonl``) of this task with FullKV; keep only
             candidates FullKV answered right.
+        bin_caps: with ``screened_by``, per source the first ``bin_caps[bin]`` FullKV-solved candidates of each
+            named distance bin (``far`` / ``mid`` / ``near``) instead of the first ``samples_per_source``; bins
+            not named are dropped. A pre-registered set fixes how many far and near needles it holds.
         screen_setting: the setting whose FullKV answers screen (``aware`` or ``agnostic``).
         seed: base seed.
         roots: source name → folder to read it from instead of its usual place (tests, other machines).
@@ -155,6 +161,7 @@ class GeneraliseTask(GeneratedTask):
         screen_setting: Literal["aware", "agnostic"] = "aware",
         seed: int = 0,
         roots: dict[str, str] | None = None,
+        bin_caps: dict[str, int] | None = None,
     ) -> None:
         sources = tuple(sources or SOURCES)
         kinds = tuple(kinds or DEFAULT_KINDS)
@@ -172,6 +179,14 @@ class GeneraliseTask(GeneratedTask):
             raise ValueError(f"need 0 < min_length ≤ max_length, got {min_length} and {max_length}")
         if answer_slack < 0:
             raise ValueError(f"answer_slack must be ≥ 0, got {answer_slack}")
+        if bin_caps is not None:
+            if screened_by is None:
+                raise ValueError("bin_caps: caps solved candidates per distance bin; give screened_by too")
+            bad = {b: n for b, n in bin_caps.items() if b not in BINS or not (isinstance(n, int) and n > 0)}
+            if bad or not bin_caps:
+                raise ValueError(
+                    f"bin_caps: expected positive counts for bins among {', '.join(BINS)}, got {bin_caps}"
+                )
         if screen_setting not in ("aware", "agnostic"):
             raise ValueError(f"screen_setting must be 'aware' or 'agnostic', got {screen_setting!r}")
         super().__init__(
@@ -189,6 +204,7 @@ class GeneraliseTask(GeneratedTask):
         self.answer_slack = answer_slack
         self.screened_by = screened_by
         self.screen_setting = screen_setting
+        self.bin_caps = dict(bin_caps) if bin_caps is not None else None
         self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
@@ -205,8 +221,15 @@ class GeneraliseTask(GeneratedTask):
             ]
             if solved is None:
                 out.extend(candidates)
-            else:
+            elif self.bin_caps is None:
                 out.extend([s for s in candidates if s.id in solved][: self.samples_per_source])
+            else:
+                taken = dict.fromkeys(self.bin_caps, 0)
+                for sample in (s for s in candidates if s.id in solved):
+                    group = sample.meta["bin"]
+                    if group in taken and taken[group] < self.bin_caps[group]:
+                        taken[group] += 1
+                        out.append(sample)
         return out
 
     def _solved(self) -> set[str]:
