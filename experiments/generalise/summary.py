@@ -63,7 +63,7 @@ def merged_rows(folders: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
                         f"folder {index}: FullKV's row for sample {r['sample']!r} differs from folder "
                         f"{first_index}'s: not the same needles, or not the same model"
                     )
-                if first is not r:
+                if first_index != index:
                     continue
             elif owner.setdefault(r["method"], index) != index:
                 raise ValueError(
@@ -71,6 +71,13 @@ def merged_rows(folders: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, A
                 )
             merged.append(r)
     return merged
+
+
+def renamed(rows: Sequence[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """``rows`` with ``@name`` appended to every method but FullKV's (unchanged when ``name`` is empty)."""
+    if not name:
+        return list(rows)
+    return [r if r["budget"] == FULL else {**r, "method": f"{r['method']}@{name}"} for r in rows]
 
 
 def kept_tables(
@@ -224,11 +231,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     folders = []
-    for folder in args.folders:
-        path = folder / RESULTS_FILE if folder.is_dir() else folder
+    for given in args.folders:
+        folder, _, name = given.partition("@")
+        path = Path(folder) / RESULTS_FILE if Path(folder).is_dir() else Path(folder)
         if not path.is_file():
             sys.exit(f"summary: no {RESULTS_FILE} at {path}")
-        folders.append(ResultsFile(path).rows)
+        folders.append(renamed(ResultsFile(path).rows, name))
     try:
         rows = merged_rows(folders)
         print("\n".join(kept_tables(rows, args.setting, args.reference)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,8 @@ def test_folders_merge_by_sample_and_refuse_a_fullkv_disagreement_or_a_method_tw
         summary.merged_rows([first, changed])
     with pytest.raises(ValueError, match="method 'lookaheadkv' has rows in folders 1 and 2"):
         summary.merged_rows([first, first])
+    both = summary.merged_rows([first, summary.renamed(first, "s1")])
+    assert [r["method"] for r in both] == ["fullkv", "fullkv", "lookaheadkv", "lookaheadkv@s1"]
 
 
 def test_distance_bands_split_far_needles_at_the_plans_edges():
@@ -149,3 +152,15 @@ def test_preset_figures_count_kept_needles_per_seed_and_source_group():
             },
         }
     ]
+
+
+def test_summary_json_matches_the_committed_rows():
+    """experiments/generalise/summary.json is what preset_figures gives on the committed dev folders."""
+    from lkv.eval.results import ResultsFile
+
+    study = SCRIPT.parent
+    figures = json.loads((study / "summary.json").read_text())
+    folders = [ResultsFile(study / "results" / name / "results.jsonl").rows for name in ("dev", "dev_mix")]
+    methods = {entry["seed"]: entry["method"] for entry in figures}
+    assert len(methods) >= 2, "the preset's figures are per seed, two seeds at least"
+    assert summary.preset_figures(summary.merged_rows(folders), methods, figures[0]["preset"]) == figures
