@@ -156,21 +156,26 @@ def preset_figures(
 ) -> list[dict[str, Any]]:
     """One object per seed (``methods``: seed → the method name of that seed's preset) of counts of FullKV-solved
     needles: per source group, far and near ``n``, how many the preset kept at C = 128 / 256 (near: 128), and how
-    many the Oracle kept at C = 128. The JSON form of the issue's must-show table."""
+    many the Oracle kept at C = 128. A needle counts only where the seed's method has a row at every budget (a
+    run that evaluated part of the needles counts that part)."""
     solved = fullkv_solved(rows, TASK, setting)
     meta = {r["sample"]: r["meta"] for r in rows if r["task"] == TASK and r["sample"] in solved}
-    kept = {
-        (r["method"], r["budget"], r["sample"])
-        for r in rows
-        if r["task"] == TASK and r["setting"] == setting and r["sample"] in solved and r["score"] == 1.0
-    }
+    mine = [r for r in rows if r["task"] == TASK and r["setting"] == setting and r["sample"] in solved]
+    kept = {(r["method"], r["budget"], r["sample"]) for r in mine if r["score"] == 1.0}
+    present = {(r["method"], r["budget"], r["sample"]) for r in mine}
 
     def count(method: str, budget: str, samples: list[str]) -> int:
         return sum((method, budget, s) in kept for s in samples)
 
     def group(method: str, source_group: str) -> dict[str, int]:
         cell = {
-            b: [s for s in solved if meta[s]["source_group"] == source_group and meta[s]["bin"] == b]
+            b: [
+                s
+                for s in sorted(solved)
+                if meta[s]["source_group"] == source_group
+                and meta[s]["bin"] == b
+                and all((method, budget, s) in present for budget in ("128", "256"))
+            ]
             for b in ("far", "near")
         }
         return {

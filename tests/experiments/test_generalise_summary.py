@@ -127,7 +127,11 @@ def test_distance_bands_split_far_needles_at_the_plans_edges():
 def test_preset_figures_count_kept_needles_per_seed_and_source_group():
     rows = [row(s, "fullkv", "full", 1.0) for s in "abc"]
     rows += [row("a", "mix", "128", 1.0), row("a", "mix", "256", 1.0), row("c", "mix", "128", 0.0)]
-    rows += [row("c", "mix", "256", 1.0), row("b", "mix", "128", 1.0), row("c", "oracle", "128", 1.0)]
+    rows += [row("c", "mix", "256", 1.0), row("b", "mix", "128", 1.0), row("b", "mix", "256", 0.0)]
+    rows += [row("c", "oracle", "128", 1.0), row("a", "oracle", "128", 1.0)]
+    assert (
+        summary.preset_figures(rows, {0: "other"}, "general")[0]["in_source"]["far_n"] == 0
+    )  # no rows: no n
     figures = summary.preset_figures(rows, {0: "mix"}, "general")
     assert figures == [
         {
@@ -148,7 +152,7 @@ def test_preset_figures_count_kept_needles_per_seed_and_source_group():
                 "far_kept_256": 1,
                 "near_n": 1,
                 "near_kept_128": 1,
-                "oracle_far_kept_128": 0,
+                "oracle_far_kept_128": 1,
             },
         }
     ]
