@@ -217,9 +217,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "folders",
-        type=Path,
         nargs="+",
-        help="lkv eval output folders (or their results.jsonl) of the same needles",
+        help="lkv eval output folders (or their results.jsonl) of the same needles; FOLDER@NAME appends @NAME to "
+        "that folder's method names (two seeds' folders that name their methods alike)",
     )
     parser.add_argument("--setting", default="aware", choices=("aware", "agnostic"))
     parser.add_argument("--reference", default=REFERENCE, help="the method every other is paired against")

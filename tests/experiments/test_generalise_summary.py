@@ -164,7 +164,10 @@ def test_summary_json_matches_the_committed_rows():
 
     study = SCRIPT.parent
     figures = json.loads((study / "summary.json").read_text())
-    folders = [ResultsFile(study / "results" / name / "results.jsonl").rows for name in ("dev", "dev_mix")]
+    folders = [
+        ResultsFile(study / "results" / "dev" / "results.jsonl").rows,
+        summary.renamed(ResultsFile(study / "results" / "dev_mix" / "results.jsonl").rows, "mix"),
+    ]
     methods = {entry["seed"]: entry["method"] for entry in figures}
     assert len(methods) >= 2, "the preset's figures are per seed, two seeds at least"
     assert summary.preset_figures(summary.merged_rows(folders), methods, figures[0]["preset"]) == figures
