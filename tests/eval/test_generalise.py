@@ -15,9 +15,17 @@ from lkv.eval.tasks import TASKS, GeneraliseTask, encode_sample
 from lkv.eval.tasks.generalise import KINDS, distance_bin
 from lkv.labels.facts import fact_format
 from lkv.labels.sources import document_split
+from tests.shipped_configs import is_fit_config
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "experiments" / "generalise" / "configs").glob("*.yaml"))
+# the evals of the generalisation study (its fit configs are parsed by tests/train/test_configs.py) and of the
+# pre-registered evaluation, which uses the same task
+CONFIGS = [
+    p
+    for study in ("generalise", "preregistered")
+    for p in sorted((ROOT / "experiments" / study / "configs").glob("*.yaml"))
+    if not is_fit_config(p)
+]
 
 
 def task(roots, **kwargs) -> GeneraliseTask:
@@ -152,7 +160,14 @@ def test_the_experiment_configs_parse_and_build_the_task(path, capsys):
 
 
 def test_the_experiment_has_both_configs():
-    assert {p.stem for p in CONFIGS} == {"screen", "dev"}
+    assert {f"{p.parent.parent.name}/{p.stem}" for p in CONFIGS} == {
+        "generalise/screen",
+        "generalise/dev",
+        "generalise/dev_mix",
+        "preregistered/screen",
+        "preregistered/eval_s0",
+        "preregistered/eval_s1",
+    }
 
 
 def test_bin_caps_keep_the_first_solved_candidates_of_each_named_bin(source_roots, tiny_tokenizer, tmp_path):

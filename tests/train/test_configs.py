@@ -82,6 +82,9 @@ def own_settings(path: Path) -> dict[str, object]:
 def dotted(config: dict, key: str) -> object:
     node: object = config
     for part in key.split("."):
+        if part == "init_args" and isinstance(node, dict) and part not in node:
+            # an optional dataclass (model.probe) is overridden as `init_args.KEY` and printed flat
+            continue
         node = [item[part] for item in node] if isinstance(node, list) else node[part]
     return node
 
