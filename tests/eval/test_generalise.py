@@ -39,6 +39,22 @@ def task(roots, **kwargs) -> GeneraliseTask:
     return GeneraliseTask(**{**settings, **kwargs})
 
 
+def write_screen(folder: Path, candidates: list, solved: set[str]) -> None:
+    """A FullKV screening run's ``results.jsonl`` in ``folder``: one row per candidate, solved as ``solved`` says."""
+    rows = [
+        {
+            "task": "generalise",
+            "sample": s.id,
+            "method": "fullkv",
+            "budget": "full",
+            "setting": "aware",
+            "score": float(s.id in solved),
+        }
+        for s in candidates
+    ]
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def test_measured_distance_is_the_token_distance_in_the_tokenised_prompt(source_roots, tiny_tokenizer):
     samples = task(source_roots).samples(tiny_tokenizer)
     assert len(samples) == 2 * len(KINDS) and TASKS["generalise"] is GeneraliseTask
@@ -102,18 +118,7 @@ def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_t
     candidates = task(source_roots, samples_per_source=2, oversample=3).samples(tiny_tokenizer)
     assert len(candidates) == 12
     solved = {s.id for i, s in enumerate(candidates) if i % 3 != 1}
-    rows = [
-        {
-            "task": "generalise",
-            "sample": s.id,
-            "method": "fullkv",
-            "budget": "full",
-            "setting": "aware",
-            "score": float(s.id in solved),
-        }
-        for s in candidates
-    ]
-    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_screen(tmp_path, candidates, solved)
     screened = task(source_roots, samples_per_source=2, oversample=3, screened_by=str(tmp_path)).samples(
         tiny_tokenizer
     )
@@ -175,18 +180,7 @@ def test_bin_caps_keep_the_first_solved_candidates_of_each_named_bin(source_root
         source_roots, samples_per_source=4, oversample=2, min_length=150, max_length=1600
     ).samples(tiny_tokenizer)
     solved = {s.id for i, s in enumerate(candidates) if i % 4 != 3}
-    rows = [
-        {
-            "task": "generalise",
-            "sample": s.id,
-            "method": "fullkv",
-            "budget": "full",
-            "setting": "aware",
-            "score": float(s.id in solved),
-        }
-        for s in candidates
-    ]
-    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_screen(tmp_path, candidates, solved)
     caps = {"near": 2, "far": 1}
     screened = task(
         source_roots,
