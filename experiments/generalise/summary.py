@@ -2,7 +2,7 @@
 FullKV-solved needles it kept, split by source group, source, kind side, kind and measured-distance bin.
 
     python experiments/generalise/summary.py reports/generalise/dev [MORE FOLDERS] [--setting aware]
-        [--reference lookaheadkv] > table.md
+        [--reference lookaheadkv] [--pair A=B ...] > table.md
 
 *Solved* and *kept* are the paired comparisons' (:func:`lkv.eval.paired.fullkv_solved`): a needle counts only
 where FullKV answered it, and a method keeps it when it answers it too; each share has its Wilson interval.
@@ -22,6 +22,7 @@ from typing import Any
 from lkv.eval.paired import fullkv_solved
 from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile, budget_order
 from lkv.eval.stats import mcnemar_exact, wilson_interval
+from lkv.eval.tasks.generalise import FAR, NEAR
 
 TASK = "generalise"
 # a grouping is one meta key or a tuple of them (their values joined: "out-of-source / far")
@@ -37,12 +38,14 @@ GROUPINGS: tuple[str | tuple[str, ...], ...] = (
 # measured-distance bands (tokens from the end of the prompt) of the far bin, and the near / mid bins: "band" is
 # computed from each row's meta["distance"]
 BANDS: tuple[tuple[int, str], ...] = (
-    (1024, "near ≤1K"),
-    (1535, "mid 1–1.5K"),
+    (NEAR, "near ≤1K"),
+    (FAR - 1, "mid 1–1.5K"),
     (2499, "1.5–2.5K"),
     (3999, "2.5–4K"),
 )
 LAST_BAND = "4–7.5K"
+# the cells of --pair's tests: a grouping as in GROUPINGS, or None for every solved needle
+PAIR_CELLS: tuple[str | tuple[str, ...] | None, ...] = (("source_group", "bin"), "bin", "kind_side", None)
 # the default method every other is paired against, per (source group, bin) cell (exact McNemar)
 REFERENCE = "lookaheadkv"
 
@@ -146,6 +149,43 @@ def paired_lines(
     return lines
 
 
+def pair_lines(
+    scores: dict[tuple[str, str, str], float],
+    meta: dict[str, dict[str, Any]],
+    solved: set[str],
+    pairs: Sequence[tuple[str, str]],
+    budgets: Sequence[str],
+) -> list[str]:
+    """Markdown lines: each named pair ``(a, b)`` of methods per cell of :data:`PAIR_CELLS` and budget, on the
+    needles both have rows for: how many each keeps, the difference ``a − b`` in points with its 95 % interval,
+    ``a``'s wins / losses and the exact McNemar p. The per-seed comparisons of a recipe name one pair per seed,
+    so no test pools two seeds' rows."""
+    lines = [
+        "Named pairs (same needles): a − b in points [95 %], a's wins / losses, exact McNemar p.",
+        "",
+        "| cell | C | a | b | n | a kept | b kept | a − b [95 %] | wins / losses | p |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for grouping in PAIR_CELLS:
+        values = sorted({_value(meta[s], grouping) for s in solved}) if grouping else ["all"]
+        for value in values:
+            samples = sorted(s for s in solved if grouping is None or _value(meta[s], grouping) == value)
+            for budget in budgets:
+                for a, b in pairs:
+                    both = [s for s in samples if (a, budget, s) in scores and (b, budget, s) in scores]
+                    if not both:
+                        continue
+                    first = [float(scores[(a, budget, s)] == 1.0) for s in both]
+                    second = [float(scores[(b, budget, s)] == 1.0) for s in both]
+                    test = mcnemar_exact(first, second)
+                    lines.append(
+                        f"| {value} | {budget} | {a} | {b} | {test.n} | {sum(first):.0f} | {sum(second):.0f} | "
+                        f"{100 * test.diff:+.0f} [{100 * test.low:+.0f}, {100 * test.high:+.0f}] | "
+                        f"{test.wins} / {test.losses} | {test.p:.2g} |"
+                    )
+    return lines
+
+
 def distance_band(distance: int) -> str:
     """The band of :data:`BANDS` a measured distance (tokens) falls in."""
     return next((name for top, name in BANDS if distance <= top), LAST_BAND)
@@ -199,6 +239,23 @@ def preset_figures(
     ]
 
 
+def named_pairs(rows: Sequence[dict[str, Any]], setting: str, given: Sequence[str]) -> list[str]:
+    """:func:`pair_lines` for ``A=B`` strings, over every budget the rows evaluate."""
+    pairs = [tuple(item.split("=", 1)) for item in given]
+    if any(len(pair) != 2 or not all(pair) for pair in pairs):
+        raise ValueError(f"--pair: expected METHOD_A=METHOD_B, got {list(given)}")
+    solved = fullkv_solved(rows, TASK, setting)
+    mine = [r for r in rows if r["task"] == TASK and r["setting"] == setting and r["budget"] != FULL]
+    methods = {r["method"] for r in mine}
+    unknown = sorted({m for pair in pairs for m in pair} - methods)
+    if unknown:
+        raise ValueError(f"--pair: no rows of method(s) {unknown}; the rows hold {sorted(methods)}")
+    meta = {r["sample"]: r["meta"] for r in rows if r["task"] == TASK and r["sample"] in solved}
+    scores = {(r["method"], r["budget"], r["sample"]): r["score"] for r in mine}
+    budgets = sorted({r["budget"] for r in mine}, key=budget_order)
+    return pair_lines(scores, meta, solved, pairs, budgets)
+
+
 def _value(meta: dict[str, Any], grouping: str | tuple[str, ...]) -> str:
     keys = grouping if isinstance(grouping, tuple) else (grouping,)
     return " / ".join(distance_band(meta["distance"]) if key == "band" else str(meta[key]) for key in keys)
@@ -224,6 +281,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--setting", default="aware", choices=("aware", "agnostic"))
     parser.add_argument("--reference", default=REFERENCE, help="the method every other is paired against")
     parser.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        metavar="A=B",
+        help="also test method A against method B per cell (repeat; e.g. one pair per seed)",
+    )
+    parser.add_argument(
         "--json", type=Path, help="also write the preset's per-seed counts (preset_figures) to this file"
     )
     parser.add_argument("--preset", default="general", help="the preset's name in --json")
@@ -244,7 +308,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         folders.append(renamed(ResultsFile(path).rows, name))
     try:
         rows = merged_rows(folders)
-        print("\n".join(kept_tables(rows, args.setting, args.reference)))
+        lines = kept_tables(rows, args.setting, args.reference)
+        if args.pair:
+            lines += ["", *named_pairs(rows, args.setting, args.pair)]
+        print("\n".join(lines))
         if args.json is not None:
             methods = {
                 int(seed): method for seed, method in (item.split("=", 1) for item in args.seed_method)
