@@ -167,6 +167,7 @@ def test_the_experiment_configs_parse_and_build_the_task(path, capsys):
 def test_the_experiment_has_both_configs():
     assert {f"{p.parent.parent.name}/{p.stem}" for p in CONFIGS} == {
         "generalise/screen",
+        "generalise/screen_oos",
         "generalise/dev",
         "generalise/dev_mix",
         "preregistered/screen",
