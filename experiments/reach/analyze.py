@@ -22,6 +22,7 @@ from typing import Any
 
 from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile
 from lkv.eval.stats import mcnemar_exact, mean_interval, wilson_interval
+from lkv.eval.tasks.needle_tokens import held_in_oracle_heads
 
 ROOT = Path(__file__).resolve().parents[2]
 NEAR, FAR = 1000, 1500  # tokens from the end: near ≤ 1K, far ≥ 1.5K (issue 27)
@@ -80,13 +81,6 @@ def token_tables(rows: list[dict[str, Any]]) -> list[str]:
 def _mid(values: list[float]) -> tuple[float, float, float]:
     low, high = mean_interval(values, binary=False)
     return low, sum(values) / len(values), high
-
-
-def held_in_oracle_heads(oracle: list[float], mine: list[float]) -> tuple[int, int]:
-    """Per-head value shares (``per_head`` of a needle-token row) → (heads where the Oracle keeps every value
-    token and ``mine`` does too, heads where the Oracle does)."""
-    heads = [i for i, share in enumerate(oracle) if share >= 1.0]
-    return sum(mine[i] >= 1.0 for i in heads), len(heads)
 
 
 def oracle_head_table(rows: list[dict[str, Any]], methods: list[str], distances: list[int]) -> list[str]:

@@ -23,8 +23,10 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from analyze import _kept, _mid, _pct, held_in_oracle_heads, read, solved_outcomes
+from analyze import _kept, _mid, _pct, read, solved_outcomes
 from far_kinds import place
+
+from lkv.eval.tasks.needle_tokens import held_in_oracle_heads
 
 
 def oracle_heads_held(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str], float]:

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from lkv.eval.runner import Evaluator
-from lkv.eval.tasks import NeedleFamilyTask, NeedleTokenTask, encode_sample
-from lkv.eval.tasks.needle_tokens import kept_share, share_metrics, value_positions
+from lkv.eval.tasks import GeneraliseTask, NeedleFamilyTask, NeedleTokenTask, encode_sample
+from lkv.eval.tasks.needle_tokens import held_in_oracle_heads, kept_share, share_metrics, value_positions
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import OraclePress, SnapKVPress, StreamingLLMPress
 
@@ -61,6 +61,12 @@ def test_kept_share_counts_value_positions_per_head():
         kept_share(kept, [])
 
 
+def test_held_in_oracle_heads_counts_only_the_heads_where_the_oracle_keeps_the_whole_value():
+    oracle = [1.0, 0.5, 1.0, 0.0, 1.0]
+    assert held_in_oracle_heads(oracle, [1.0, 1.0, 0.5, 1.0, 1.0]) == (2, 3)
+    assert held_in_oracle_heads([0.5, 0.0], [1.0, 1.0]) == (0, 0)
+
+
 def test_runner_rows_match_the_eviction_kept_sets(tiny_llama, tiny_corpus, tmp_path):
     """A row's per-head shares are those of the positions a real eviction keeps; a budget ≥ S keeps all."""
     model, tokenizer = tiny_llama
@@ -85,3 +91,30 @@ def test_runner_rows_match_the_eviction_kept_sets(tiny_llama, tiny_corpus, tmp_p
     # a rerun finds every row done
     again = Evaluator(model, tokenizer, presses, [16, 4096], ["aware"], tmp_path, progress=False)
     assert len(again.run([task])) == len(rows)
+
+
+def test_generalise_needles_run_through_the_diagnostic(tiny_llama, source_roots, tmp_path):
+    """Over a GeneraliseTask, each row scores the asked value's tokens (a distractor's value is not counted), and
+    carries the needle's measured distance and source group for the per-cell tables."""
+    model, tokenizer = tiny_llama
+    needles = GeneraliseTask(
+        sources=tuple(source_roots),
+        kinds=("badge_code_pair", "contact_name"),
+        samples_per_source=2,
+        min_length=150,
+        max_length=300,
+        roots=source_roots,
+    )
+    task = NeedleTokenTask(needles)
+    presses = {"snapkv": SnapKVPress(window=4), "oracle": OraclePress()}
+    rows = Evaluator(model, tokenizer, presses, [16], ["aware"], tmp_path, progress=False).run([task])
+    samples = task.samples(tokenizer)
+    assert len(rows) == 2 * len(samples) and {r["task"] for r in rows} == {"generalise_tokens"}
+    pair = next(s for s in samples if s.meta["kind"] == "badge_code_pair")
+    positions = value_positions(pair, tokenizer)
+    context, _ = encode_sample(pair, tokenizer)
+    spelled = tokenizer.decode([context[p] for p in positions])
+    assert pair.meta["values"][0] in spelled and pair.meta["values"][1] not in spelled
+    for r in rows:
+        assert r["meta"]["distance"] >= 0 and r["meta"]["source_group"] in ("in-source", "out-of-source")
+        assert 0.0 <= r["score"] <= 1.0 and r["fullkv_score"] in (0.0, 1.0)

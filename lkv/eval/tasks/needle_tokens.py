@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from lkv.core.chat import chat_parts
 from lkv.eval.tasks.base import Benchmark, Sample
+from lkv.eval.tasks.generalise import GeneraliseTask
 from lkv.eval.tasks.needle_families import NeedleFamilyTask
 
 if TYPE_CHECKING:  # torch loads at run time, so `lkv eval --help` lists this task at once
@@ -77,17 +78,28 @@ def share_metrics(share: torch.Tensor) -> dict[str, float]:
     }
 
 
+def held_in_oracle_heads(oracle: Sequence[float], mine: Sequence[float]) -> tuple[int, int]:
+    """Per-head value shares (``per_head`` of two needle-token rows of one sample and budget: the Oracle's and a
+    method's, ``layers × kv_heads`` each) → (heads where the Oracle keeps every value token and the method does
+    too, heads where the Oracle does). The Oracle's heads are those the answer reads the value from; a mean
+    share over all heads is dominated by heads that never attend to it."""
+    heads = [i for i, share in enumerate(oracle) if share >= 1.0]
+    return sum(mine[i] >= 1.0 for i in heads), len(heads)
+
+
 class NeedleTokenTask(Benchmark):
-    """The needle-token diagnostic over the samples of a :class:`NeedleFamilyTask` (question-aware only).
+    """The needle-token diagnostic over the samples of a needle task (question-aware only).
 
     Args:
-        needles: the needle task whose samples (families, lengths, depths or ``distances``) are scored; its
-            answers are decoded only for the Oracle's scores, one FullKV answer per sample.
+        needles: the needle task whose samples are scored: a :class:`NeedleFamilyTask` (families, lengths,
+            depths or ``distances``) or a :class:`GeneraliseTask` (many text sources and fact kinds, measured
+            distances; with ``screened_by`` the FullKV-solved needles an end-task run evaluates, so both rows
+            pair by sample). Its answers are decoded only for the Oracle's scores, one FullKV answer per sample.
     """
 
     metric = "value_kept"
 
-    def __init__(self, needles: NeedleFamilyTask) -> None:
+    def __init__(self, needles: NeedleFamilyTask | GeneraliseTask) -> None:
         self.needles = needles
         self.name = f"{needles.name}_tokens"
 
