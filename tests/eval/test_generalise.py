@@ -172,6 +172,8 @@ def test_the_experiment_has_both_configs():
         "generalise/screen_oos",
         "generalise/dev",
         "generalise/dev_mix",
+        "generalise/dev_oos",
+        "generalise/dev_oos_mix",
         "generalise/dev_tokens",
         "preregistered/screen",
         "preregistered/eval_s0",
