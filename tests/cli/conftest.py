@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pyarrow.parquet as pq
 import pytest
@@ -74,14 +75,16 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
 
 
-def start_lkv(args: list[str], cwd: Path) -> subprocess.Popen:
+def start_lkv(args: list[str], cwd: Path, log: IO[str] | None = None) -> subprocess.Popen:
     """Start ``lkv ARGS`` in a process group of its own (Lightning's other ranks join it) with Ctrl-C's default
-    handling, its stdout and stderr merged into one text pipe; the caller waits for it (``communicate``)."""
+    handling, its stdout and stderr merged into one text pipe, or into ``log`` (an open file: a test that polls
+    the process while it runs, and never reads the pipe, cannot block it on a full pipe); the caller waits for
+    it (``communicate`` or ``wait``)."""
     return subprocess.Popen(
         lkv_command(*args),
         cwd=cwd,
         env=subprocess_env(),
-        stdout=subprocess.PIPE,
+        stdout=subprocess.PIPE if log is None else log,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,

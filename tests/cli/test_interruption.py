@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,12 +25,11 @@ from tests.cli.conftest import (
     assert_labels_match_one_process,
     fit_config,
     label_args,
-    lkv_command,
     make_workspace,
     read_losses,
     run_lkv,
     shard_ids,
-    subprocess_env,
+    start_lkv,
     trained_weights,
     write_prompts,
 )
@@ -46,7 +44,7 @@ def kill_when(args: list[str], cwd: Path, ready: Callable[[], bool], timeout: fl
     """Start ``lkv ARGS``, SIGKILL it as soon as ``ready()`` holds, and wait until it is gone."""
     log = cwd / "killed.log"
     with log.open("w") as out:
-        process = subprocess.Popen(lkv_command(*args), cwd=cwd, env=subprocess_env(), stdout=out, stderr=out)
+        process = start_lkv(args, cwd, out)
     deadline = time.monotonic() + timeout
     while not ready():
         if process.poll() is not None or time.monotonic() > deadline:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,11 +23,10 @@ from lkv.cli import main as lkv_main
 from lkv.model.backbone import load_backbone
 from tests.cli.conftest import (
     fit_settings,
-    lkv_command,
     make_workspace,
     read_losses,
     run_lkv,
-    subprocess_env,
+    start_lkv,
     trained_weights,
 )
 from tests.conftest import make_label_folder
@@ -148,14 +146,7 @@ def test_a_two_rank_fit_killed_mid_epoch_resumes_with_the_batches_of_an_uninterr
     paused_config = write_config(run, settings, "paused.yaml")
     command = ["fit", "--config", str(paused_config), *strategy, "--ckpt_path", "last"]
     with (tmp_path / "killed.log").open("w") as log:
-        job = subprocess.Popen(
-            lkv_command(*command),
-            cwd=tmp_path,
-            env=subprocess_env(),
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+        job = start_lkv(command, tmp_path, log)
     deadline = time.monotonic() + 240
     while not all((run / f"paused-r{rank}").exists() for rank in (0, 1)):
         assert job.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[
