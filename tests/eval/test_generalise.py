@@ -11,7 +11,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 import lkv.commands.eval
 from lkv.cli import main as lkv_main
-from lkv.eval.tasks import TASKS, GeneraliseTask, NeedleTokenTask, encode_sample
+from lkv.eval.tasks import TASKS, GeneraliseTask, ImportanceTask, NeedleTokenTask, encode_sample
 from lkv.eval.tasks.generalise import KINDS, distance_bin
 from lkv.labels.facts import fact_format
 from lkv.labels.sources import document_split
@@ -161,9 +161,11 @@ def test_the_experiment_configs_parse_and_build_the_task(path, capsys):
     parser.add_argument("--config", action=ActionConfigFile)
     parser.add_function_arguments(lkv.commands.eval.evaluate)
     built = parser.instantiate(parser.parse_args(["--config", str(path)]))
-    # the needle-token diagnostic wraps the same task: its rows pair by sample with the end-task rows
+    # the needle-token diagnostic wraps the same task: its rows pair by sample with the end-task rows; the
+    # recall configs score the held-out labels every fit validates on
     needles = [t.needles if isinstance(t, NeedleTokenTask) else t for t in built.tasks]
-    assert [type(t) for t in needles] == [GeneraliseTask]
+    expected = ImportanceTask if path.stem.startswith("recall") else GeneraliseTask
+    assert [type(t) for t in needles] == [expected]
 
 
 def test_the_experiment_has_both_configs():
@@ -175,6 +177,8 @@ def test_the_experiment_has_both_configs():
         "generalise/dev_oos",
         "generalise/dev_oos_mix",
         "generalise/dev_tokens",
+        "generalise/recall",
+        "generalise/recall_probe",
         "preregistered/screen",
         "preregistered/eval_s0",
         "preregistered/eval_s1",
