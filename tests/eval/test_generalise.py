@@ -174,6 +174,7 @@ def test_the_experiment_has_both_configs():
         "generalise/screen_oos",
         "generalise/dev",
         "generalise/dev_mix",
+        "generalise/dev_mix_sentences128",
         "generalise/dev_oos",
         "generalise/dev_oos_mix",
         "generalise/dev_tokens",

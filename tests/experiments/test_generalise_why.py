@@ -48,3 +48,14 @@ def test_losses_split_by_the_oracles_heads_holding_the_value():
     assert "| heldout | lookaheadkv@mix | 128 | 4 | 1 | 3 | 0 | 2 | 1 | 0.58 | 0.54 |" in strict
     with pytest.raises(ValueError, match="the tokens folder has no generalise_tokens row"):
         why.why_lines(answers, [], ["lookaheadkv@mix"])
+
+
+def test_value_profile_counts_the_heads_keeping_each_position():
+    spec = importlib.util.spec_from_file_location("generalise_value_profile", STUDY / "value_profile.py")
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    import torch
+
+    # two layers, two KV heads; the second layer keeps fewer entries per head
+    kept = [torch.tensor([[[0, 3, 5], [1, 3, 4]]]), torch.tensor([[[3, 6], [0, 1]]])]
+    assert profile.kept_profile(kept, range(3, 7)) == [0.75, 0.25, 0.25, 0.25]
