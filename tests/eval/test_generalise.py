@@ -218,3 +218,15 @@ def test_bin_caps_keep_the_first_solved_candidates_of_each_named_bin(source_root
         task(source_roots, bin_caps=caps)
     with pytest.raises(ValueError, match=r"bin_caps: expected positive counts for bins among far, mid, near"):
         task(source_roots, screened_by=str(tmp_path), bin_caps={"distant": 3})
+
+
+def test_a_larger_screen_starts_with_the_smaller_screens_candidates(source_roots, tiny_tokenizer):
+    """Growing samples_per_source keeps every earlier candidate as it was (id, prompt, answer), so a grown
+    screen (experiments/generalise/configs/screen_oos.yaml) resumes in the folder of the smaller one."""
+    small = task(source_roots, samples_per_source=2, oversample=3).samples(tiny_tokenizer)
+    grown = task(source_roots, samples_per_source=4, oversample=3).samples(tiny_tokenizer)
+    by_id = {s.id: s for s in grown}
+    assert len(grown) == 2 * len(small) and all(s.id in by_id for s in small)
+    for s in small:
+        g = by_id[s.id]
+        assert (g.context, g.question, g.answers, g.meta) == (s.context, s.question, s.answers, s.meta)
