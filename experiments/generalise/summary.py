@@ -83,6 +83,16 @@ def renamed(rows: Sequence[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [r if r["budget"] == FULL else {**r, "method": f"{r['method']}@{name}"} for r in rows]
 
 
+def folder_rows(given: str, script: str) -> list[dict[str, Any]]:
+    """The rows of ``FOLDER[@NAME]`` (an eval folder or its ``results.jsonl``), renamed by ``@NAME``; exits with
+    one ``script: ...`` line when there is no results file."""
+    folder, _, name = given.partition("@")
+    path = Path(folder) / RESULTS_FILE if Path(folder).is_dir() else Path(folder)
+    if not path.is_file():
+        sys.exit(f"{script}: no {RESULTS_FILE} at {path}")
+    return renamed(ResultsFile(path).rows, name)
+
+
 def kept_tables(
     rows: Sequence[dict[str, Any]], setting: str = "aware", reference: str = REFERENCE
 ) -> list[str]:
@@ -301,11 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     folders = []
     for given in args.folders:
-        folder, _, name = given.partition("@")
-        path = Path(folder) / RESULTS_FILE if Path(folder).is_dir() else Path(folder)
-        if not path.is_file():
-            sys.exit(f"summary: no {RESULTS_FILE} at {path}")
-        folders.append(renamed(ResultsFile(path).rows, name))
+        folders.append(folder_rows(given, "summary"))
     try:
         rows = merged_rows(folders)
         lines = kept_tables(rows, args.setting, args.reference)

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from summary import TASK, merged_rows, renamed
+from summary import TASK, folder_rows, merged_rows
 
 from lkv.eval.paired import fullkv_solved
-from lkv.eval.results import FULL, RESULTS_FILE, ResultsFile
+from lkv.eval.results import FULL
 from lkv.eval.tasks.needle_tokens import held_in_oracle_heads
 
 TOKENS_TASK = f"{TASK}_tokens"
@@ -97,14 +96,6 @@ def why_lines(
     return lines
 
 
-def _rows(given: str) -> list[dict[str, Any]]:
-    folder, _, name = given.partition("@")
-    path = Path(folder) / RESULTS_FILE if Path(folder).is_dir() else Path(folder)
-    if not path.is_file():
-        sys.exit(f"why: no {RESULTS_FILE} at {path}")
-    return renamed(ResultsFile(path).rows, name)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("answers", nargs="+", help="lkv eval folders of the generalise task (FOLDER@NAME)")
@@ -116,8 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--setting", default="aware", choices=("aware", "agnostic"))
     args = parser.parse_args(argv)
     try:
-        answers = merged_rows([_rows(given) for given in args.answers])
-        print("\n".join(why_lines(answers, _rows(args.tokens), args.methods, args.held, args.setting)))
+        answers = merged_rows([folder_rows(given, "why") for given in args.answers])
+        print(
+            "\n".join(
+                why_lines(answers, folder_rows(args.tokens, "why"), args.methods, args.held, args.setting)
+            )
+        )
     except ValueError as error:
         sys.exit(f"why: {error}")
 
