@@ -11,6 +11,8 @@ Each source belongs to a *group*. ``in`` sources may feed training prompts (from
 ``out`` sources (:data:`HELDOUT_SOURCES`: the Python language reference, Perl's POD manuals, C headers and
 Debian changelogs) never do: :func:`training_source` refuses them, so an evaluation on them measures text of
 kinds that no training prompt contains.
+The ``user`` source (:class:`TextFolder`) reads a folder of the user's own documents, for training prompts
+and evaluations alike.
 
 A source's documents are cut for a haystack by its ``unit``: ``sentence`` (prose: whitespace collapsed, cut
 at sentence ends) or ``line`` (code, lists, dialogue: whole lines kept). A fact planted among lines is
@@ -44,7 +46,7 @@ from lkv.model import assets
 
 Split = Literal["train", "dev", "heldout"]
 SPLITS: tuple[Split, ...] = ("train", "dev", "heldout")
-Group = Literal["in", "out"]
+Group = Literal["in", "out", "user"]
 Unit = Literal["sentence", "line"]
 PYDOC_SOURCE = "pydoc-topics"
 #: Files above this are generated tables or bundles, not representative text (200 kB ≈ 50K tokens).
@@ -195,6 +197,20 @@ def _tidy_lines(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip("\n") + "\n"
 
 
+def markup_prose(body: str) -> str:
+    """The prose of a Markdown or reStructuredText text: code blocks (fenced or indented), HTML tags, badges,
+    reST options and directives, bare addresses and table rules dropped; links keep their text."""
+    body = _HTML.sub(" ", _FENCE.sub("\n", body))
+    lines = [
+        _LINK.sub(r"\1", line)
+        for line in body.splitlines()
+        if not line.lstrip().startswith(("[![", "![", "..", ":", ">>>", "$ ", "http"))
+        and not line.startswith(("    ", "\t"))
+        and not re.fullmatch(r"\s*[-=~^*#|`+:]*\s*", line)
+    ]
+    return "\n".join(lines)
+
+
 # --- in-group sources ----------------------------------------------------------------------------------------
 
 
@@ -308,16 +324,7 @@ class PackageReadmes(TextSource):
         return out
 
     def _read(self, handle: importlib.metadata.Distribution) -> str:
-        body = handle.metadata.get_payload() or handle.metadata["Description"] or ""
-        body = _HTML.sub(" ", _FENCE.sub("\n", str(body)))
-        lines = [
-            _LINK.sub(r"\1", line)
-            for line in body.splitlines()
-            if not line.lstrip().startswith(("[![", "![", "..", ":", ">>>", "$ ", "http"))
-            and not line.startswith(("    ", "\t"))
-            and not re.fullmatch(r"\s*[-=~^*#|`+:]*\s*", line)
-        ]
-        return "\n".join(lines)
+        return markup_prose(str(handle.metadata.get_payload() or handle.metadata["Description"] or ""))
 
 
 class Dialogue(TextSource):
@@ -483,6 +490,45 @@ class Changelogs(TextSource):
         return _tidy_lines(_read_text(handle))
 
 
+# --- the user's own documents -------------------------------------------------------------------------------
+
+
+class TextFolder(TextSource):
+    """Your own documents: every ``.txt``, ``.md``, ``.markdown`` and ``.rst`` file of 200 bytes to
+    :data:`MAX_FILE_BYTES` under a folder you name (``roots: {text-folder: <folder>}``), read as prose.
+    Markdown and reST lose their markup (:func:`markup_prose`); plain text is kept as it is.
+
+    Its group is ``user``: it may feed training prompts (its ``train`` documents) and evaluations (its ``dev``
+    and ``heldout`` ones), split by a hash of each file's path under the folder like every source. It is no
+    default of either, since it has no default folder.
+
+    Raises:
+        ValueError: on first use without a folder.
+    """
+
+    name = "text-folder"
+    kind = "user"
+    group = "user"
+    suffixes: ClassVar[tuple[str, ...]] = (".txt", ".md", ".markdown", ".rst")
+
+    def _default_root(self) -> Path:
+        raise ValueError(
+            f"text source {self.name} reads your own documents and has no default folder: name it in the "
+            f"config as roots: {{{self.name}: <folder of {', '.join(self.suffixes)} files>}}"
+        )
+
+    def _index(self, root: Path) -> dict[str, Any]:
+        return {
+            doc_id: path
+            for doc_id, path in self._files(root, "**/*", min_bytes=200).items()
+            if path.suffix.lower() in self.suffixes
+        }
+
+    def _read(self, handle: Path) -> str:
+        text = _read_text(handle)
+        return text if handle.suffix.lower() == ".txt" else markup_prose(text)
+
+
 SOURCES: dict[str, type[TextSource]] = {
     cls.name: cls
     for cls in (
@@ -496,11 +542,16 @@ SOURCES: dict[str, type[TextSource]] = {
         PerlPod,
         CHeaders,
         Changelogs,
+        TextFolder,
     )
 }
 IN_SOURCES = tuple(name for name, cls in SOURCES.items() if cls.group == "in")
 #: Sources that no training prompt may use (:func:`training_source` refuses them).
 HELDOUT_SOURCES = tuple(name for name, cls in SOURCES.items() if cls.group == "out")
+#: Sources of the user's own documents: no default of any prompt source or evaluation (they need a folder).
+USER_SOURCES = tuple(name for name, cls in SOURCES.items() if cls.group == "user")
+#: The sources this machine ships, each with its default folder: the defaults of :class:`GeneraliseTask`.
+BUILTIN_SOURCES = IN_SOURCES + HELDOUT_SOURCES
 
 
 def make_source(name: str, root: str | Path | None = None) -> TextSource:

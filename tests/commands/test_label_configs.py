@@ -34,6 +34,7 @@ def printed_label_config(args: list[str], capsys) -> dict:
 def test_the_label_configs_are_found():
     assert {p.name for p in LABEL_CONFIGS} == {
         "general_smollm2.yaml",
+        "my_documents_smollm2.yaml",
         "agnostic_multiq_train.yaml",
         "agnostic_multiq_dev.yaml",
     }

@@ -14,7 +14,7 @@ from lkv.cli import main as lkv_main
 from lkv.eval.tasks import TASKS, GeneraliseTask, ImportanceTask, NeedleTokenTask, encode_sample
 from lkv.eval.tasks.generalise import KINDS, distance_bin
 from lkv.labels.facts import fact_format
-from lkv.labels.sources import document_split
+from lkv.labels.sources import BUILTIN_SOURCES, document_split
 from tests.shipped_configs import is_fit_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +112,27 @@ def test_haystacks_come_from_the_chosen_split_and_rows_name_their_source(source_
     assert [(s.id, s.context) for s in again] == [
         (s.id, s.context) for s in task(source_roots).samples(tiny_tokenizer)
     ]
+
+
+def test_your_own_documents_are_a_source_of_their_own_group(tmp_path, tiny_tokenizer):
+    root = tmp_path / "mine"
+    root.mkdir()
+    for i in range(120):  # ~12 on the dev split
+        (root / f"memo{i}.md").write_text(
+            f"# Memo {i}\n\n" + " ".join(f"Memo {i} item {j} covers the harbour plan." for j in range(30))
+        )
+    samples = task({"text-folder": str(root)}).samples(tiny_tokenizer)
+    assert len(samples) == len(KINDS)
+    assert {(s.meta["source"], s.meta["source_group"]) for s in samples} == {("text-folder", "user")}
+    assert all(
+        document_split(doc) == "dev" and doc.startswith("text-folder/memo")
+        for s in samples
+        for doc in s.meta["docs"]
+    )
+    # the default sources are the ones this machine ships: a folder of your own is named, never assumed
+    assert GeneraliseTask().sources == BUILTIN_SOURCES
+    with pytest.raises(ValueError, match=r"text-folder reads your own documents"):
+        GeneraliseTask(sources=("text-folder",)).samples(tiny_tokenizer)
 
 
 def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_tokenizer, tmp_path):

@@ -9,10 +9,12 @@ import pytest
 from lkv.labels import sources
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, split_by_document
 from lkv.labels.sources import (
+    BUILTIN_SOURCES,
     HELDOUT_SOURCES,
     IN_SOURCES,
     SOURCES,
     SPLITS,
+    USER_SOURCES,
     document_split,
     make_source,
     pod_text,
@@ -36,8 +38,8 @@ def test_the_split_is_deterministic_disjoint_and_refines_the_training_prompts_sp
 def test_there_are_many_sources_of_several_kinds_and_a_heldout_group():
     assert len(SOURCES) >= 8 and len(HELDOUT_SOURCES) >= 3
     assert len({cls.kind for cls in SOURCES.values()}) >= 6
-    assert set(IN_SOURCES) | set(HELDOUT_SOURCES) == set(SOURCES)
-    assert not set(IN_SOURCES) & set(HELDOUT_SOURCES)
+    assert set(BUILTIN_SOURCES) | set(USER_SOURCES) == set(SOURCES) and USER_SOURCES == ("text-folder",)
+    assert BUILTIN_SOURCES == IN_SOURCES + HELDOUT_SOURCES and not set(IN_SOURCES) & set(HELDOUT_SOURCES)
 
 
 @pytest.mark.parametrize("name", HELDOUT_SOURCES)
@@ -59,6 +61,24 @@ def test_unknown_source_is_named():
 def test_a_missing_root_names_the_source_and_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"text source c-headers: no such folder .*absent"):
         make_source("c-headers", tmp_path / "absent").doc_ids()
+
+
+def test_text_folder_reads_your_documents_and_names_its_missing_folder(tmp_path):
+    root = tmp_path / "mine"
+    (root / "notes").mkdir(parents=True)
+    prose = "The harbour gate opens at dawn and closes at dusk. " * 8
+    (root / "a.txt").write_text("    Indented and <kept> as written.\n" + prose)
+    (root / "notes" / "b.md").write_text(
+        "# Gate\n\nSee [the guide](https://x).\n\n```sh\nrm -rf /tmp/x\n```\n\n    code = 1\n" + prose
+    )
+    (root / "c.py").write_text("value = 1\n" * 40)  # not a text file
+    (root / "tiny.txt").write_text("Too short to hold a needle.")  # under 200 bytes
+    source = training_source("text-folder", root)  # the user's documents may train
+    assert source.doc_ids() == ["text-folder/a.txt", "text-folder/notes/b.md"]
+    assert source.document("text-folder/a.txt").text.startswith("    Indented and <kept>")
+    assert source.document("text-folder/notes/b.md").text == "# Gate\nSee the guide.\n" + prose
+    with pytest.raises(ValueError, match=r"text-folder reads your own documents .*roots: \{text-folder: <"):
+        make_source("text-folder").doc_ids()
 
 
 def dialogue_tree(root: Path, conversations: int) -> Path:

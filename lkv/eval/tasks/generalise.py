@@ -36,7 +36,15 @@ from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
-from lkv.labels.sources import HELDOUT_SOURCES, SOURCES, TextSource, make_source, source_roots
+from lkv.labels.sources import (
+    BUILTIN_SOURCES,
+    HELDOUT_SOURCES,
+    SOURCES,
+    USER_SOURCES,
+    TextSource,
+    make_source,
+    source_roots,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -117,6 +125,14 @@ def context_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, text: s
     return len(context_ids), len(context_ids) - (last + 1)
 
 
+def _source_group(name: str) -> str:
+    """A source's side in the report: ``out-of-source`` (no training prompt uses it), ``user`` (the user's own
+    documents) or ``in-source``."""
+    if name in HELDOUT_SOURCES:
+        return "out-of-source"
+    return "user" if name in USER_SOURCES else "in-source"
+
+
 class GeneraliseTask(GeneratedTask):
     """Needles of many kinds in haystacks of many text sources, at continuous lengths and measured distances.
 
@@ -125,7 +141,8 @@ class GeneraliseTask(GeneratedTask):
     ``samples_per_source`` of them that FullKV solved (fewer where FullKV solved fewer: rows count them).
 
     Args:
-        sources: text sources (:data:`lkv.labels.sources.SOURCES`); default: all of them.
+        sources: text sources (:data:`lkv.labels.sources.SOURCES`); default: every one this machine ships
+            (``text-folder``, the user's own documents, needs its folder in ``roots``).
         kinds: fact kinds (:data:`KINDS`); default: all of them.
         split: the sources' documents to draw from: ``dev`` (the development signal) or ``heldout``.
         samples_per_source: samples per source.
@@ -163,7 +180,7 @@ class GeneraliseTask(GeneratedTask):
         roots: dict[str, str] | None = None,
         bin_caps: dict[str, int] | None = None,
     ) -> None:
-        sources = tuple(sources or SOURCES)
+        sources = tuple(sources or BUILTIN_SOURCES)
         kinds = tuple(kinds or DEFAULT_KINDS)
         unknown = [s for s in sources if s not in SOURCES]
         if unknown or not sources:
@@ -286,7 +303,7 @@ class GeneraliseTask(GeneratedTask):
         length, distance = value_distance(sample, tokenizer, values[0])
         sample.meta = {
             "source": source.name,
-            "source_group": "out-of-source" if source.name in HELDOUT_SOURCES else "in-source",
+            "source_group": _source_group(source.name),
             "source_kind": source.kind,
             "split": self.split,
             "kind": kind.name,
