@@ -145,6 +145,9 @@ BREAKDOWNS = {
     "length": "context length (tokens)",
     "fact_kind": "fact kind",
     "question_index": "question index",
+    "bin": "the needle's measured distance from the end (far ≥ 1,536 tokens, near ≤ 1,024)",
+    "source": "text source",
+    "kind": "kind of fact",
 }
 
 

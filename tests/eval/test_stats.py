@@ -260,3 +260,27 @@ def test_stratified_bootstrap_of_one_group_is_the_plain_bootstrap_and_weighs_gro
     assert low < (0.5 + 0.5) / 2 < high
     with pytest.raises(ValueError, match="each with a value"):
         stratified_bootstrap_interval([[1.0], []])
+
+
+def test_generalise_rows_break_down_by_measured_distance_source_and_kind():
+    from lkv.eval.report import breakdown_tables
+
+    def row(sample: int, method: str, budget: str, score: float) -> dict:
+        meta = {"bin": "far" if sample < 3 else "near", "source": "text-folder", "kind": "date"}
+        return {
+            "task": "generalise",
+            "sample": f"s{sample}",
+            "method": method,
+            "budget": budget,
+            "setting": "aware",
+            "score": score,
+            "meta": meta,
+        }
+
+    rows = [row(i, "fullkv", "full", 1.0) for i in range(5)]
+    rows += [row(i, "snapkv", "128", float(i >= 2)) for i in range(5)]
+    table = "\n".join(breakdown_tables(rows, "bin", ["fullkv", "snapkv"]))
+    assert "**generalise** by the needle's measured distance from the end (far ≥ 1,536 tokens" in table
+    assert "| far (n = 3) | fullkv | 100.0 |" in table and "| far (n = 3) | snapkv | 33.3 |" in table
+    assert "| near (n = 2) | snapkv | 100.0 |" in table
+    assert breakdown_tables(rows, "source") == []  # one source: nothing to break down
