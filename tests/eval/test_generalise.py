@@ -201,6 +201,8 @@ def test_the_experiment_has_both_configs():
         "generalise/dev_tokens",
         "generalise/recall",
         "generalise/recall_probe",
+        "generalise/user_nodejs",
+        "generalise/user_vim",
         "preregistered/screen",
         "preregistered/eval_s0",
         "preregistered/eval_s1",
