@@ -108,6 +108,8 @@ class TextSource(ABC):
     group: ClassVar[Group] = "in"
     unit: ClassVar[Unit] = "sentence"
     needle_line: ClassVar[str] = "{}"
+    #: the most words of one sentence unit (None: no limit); a haystack ends at the unit that reaches its length
+    max_unit_words: ClassVar[int | None] = None
 
     def __init__(self, root: str | Path | None = None) -> None:
         self.root = None if root is None else Path(root)
@@ -150,11 +152,16 @@ class TextSource(ABC):
         return Document(doc_id, self._read(self.handles[doc_id]))
 
     def units(self, text: str) -> list[str]:
-        """A document cut into haystack units: sentences (whitespace collapsed), or lines each ending in a
-        newline."""
-        if self.unit == "sentence":
-            return split_sentences(text)
-        return [line + "\n" for line in text.splitlines()]
+        """A document cut into haystack units: sentences (whitespace collapsed; with :attr:`max_unit_words`,
+        one longer than that cut into pieces of that many words), or lines each ending in a newline."""
+        if self.unit == "line":
+            return [line + "\n" for line in text.splitlines()]
+        sentences = split_sentences(text)
+        if self.max_unit_words is None:
+            return sentences
+        step = self.max_unit_words
+        pieces = [sentence.split() for sentence in sentences]
+        return [" ".join(words[at : at + step]) for words in pieces for at in range(0, len(words), step)]
 
     def as_unit(self, statement: str) -> str:
         """A planted sentence as a unit of this source: itself, or a line written as ``needle_line`` says."""
@@ -495,8 +502,9 @@ class Changelogs(TextSource):
 
 class TextFolder(TextSource):
     """Your own documents: every ``.txt``, ``.md``, ``.markdown`` and ``.rst`` file of 200 bytes to
-    :data:`MAX_FILE_BYTES` under a folder you name (``roots: {text-folder: <folder>}``), read as prose.
-    Markdown and reST lose their markup (:func:`markup_prose`); plain text is kept as it is.
+    :data:`MAX_FILE_BYTES` under a folder you name (``roots: {text-folder: <folder>}``), read as prose cut
+    into sentences of at most :attr:`max_unit_words` words. Markdown and reST lose their markup
+    (:func:`markup_prose`); plain text is kept as it is.
 
     Its group is ``user``: it may feed training prompts (its ``train`` documents) and evaluations (its ``dev``
     and ``heldout`` ones), split by a hash of each file's path under the folder like every source. It is no
@@ -509,6 +517,9 @@ class TextFolder(TextSource):
     name = "text-folder"
     kind = "user"
     group = "user"
+    # Tables, lists and code in a user's Markdown hold no sentence end: one "sentence" can run to thousands of
+    # tokens and overshoot a haystack's length by as much. 64 words are ~100-250 tokens.
+    max_unit_words = 64
     suffixes: ClassVar[tuple[str, ...]] = (".txt", ".md", ".markdown", ".rst")
 
     def _default_root(self) -> Path:

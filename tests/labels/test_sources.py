@@ -79,6 +79,12 @@ def test_text_folder_reads_your_documents_and_names_its_missing_folder(tmp_path)
     assert source.document("text-folder/notes/b.md").text == "# Gate\nSee the guide.\n" + prose
     with pytest.raises(ValueError, match=r"text-folder reads your own documents .*roots: \{text-folder: <"):
         make_source("text-folder").doc_ids()
+    # a table or list holds no sentence end: its words come in units of at most 64, so no unit overshoots a
+    # haystack's length by thousands of tokens
+    table = "| key | value |\n" + "".join(f"| row{i} | {i} |\n" for i in range(300))
+    units = source.units(table)
+    assert max(len(u.split()) for u in units) == 64 and " ".join(units) == " ".join(table.split())
+    assert source.units(prose) == make_source("debian-copyright", root).units(prose)  # sentences as before
 
 
 def dialogue_tree(root: Path, conversations: int) -> Path:
