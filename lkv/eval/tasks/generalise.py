@@ -36,15 +36,7 @@ from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
-from lkv.labels.sources import (
-    BUILTIN_SOURCES,
-    HELDOUT_SOURCES,
-    SOURCES,
-    USER_SOURCES,
-    TextSource,
-    make_source,
-    source_roots,
-)
+from lkv.labels.sources import BUILTIN_SOURCES, SOURCES, TextSource, make_source, source_roots
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -125,12 +117,9 @@ def context_distance(sample: Sample, tokenizer: PreTrainedTokenizerBase, text: s
     return len(context_ids), len(context_ids) - (last + 1)
 
 
-def _source_group(name: str) -> str:
-    """A source's side in the report: ``out-of-source`` (no training prompt uses it), ``user`` (the user's own
-    documents) or ``in-source``."""
-    if name in HELDOUT_SOURCES:
-        return "out-of-source"
-    return "user" if name in USER_SOURCES else "in-source"
+#: a source's group (:attr:`lkv.labels.sources.TextSource.group`) as its rows name it: ``out-of-source`` (no
+#: training prompt uses it), ``user`` (the user's own documents) or ``in-source``
+SOURCE_GROUPS = {"in": "in-source", "out": "out-of-source", "user": "user"}
 
 
 class GeneraliseTask(GeneratedTask):
@@ -303,7 +292,7 @@ class GeneraliseTask(GeneratedTask):
         length, distance = value_distance(sample, tokenizer, values[0])
         sample.meta = {
             "source": source.name,
-            "source_group": _source_group(source.name),
+            "source_group": SOURCE_GROUPS[source.group],
             "source_kind": source.kind,
             "split": self.split,
             "kind": kind.name,
