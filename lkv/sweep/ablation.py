@@ -21,8 +21,9 @@ state), so a resumed fit continues all of them.
 
 At the end of the fit (global rank 0), in ``output`` (default ``<log_dir>/ablation``): every point's lookahead
 step timed against a plain prefill (:func:`lkv.perf.overhead.lookahead_overhead`), ``adapters/<point>/``
-(an ``lkv export`` folder per point, for ``lkv eval --adapter``), and the summary of :func:`lkv.sweep.grid.write_summary`
-(``summary.csv``, ``summary.md``, ``results/``, ``plots/score_vs_size.png``, ``plots/overhead_vs_size.png``).
+(an ``lkv export`` folder per point, for ``lkv eval --adapter``; a joint fit's probe is in each, so every point
+runs at the fit's preset), and the summary of :func:`lkv.sweep.grid.write_summary` (``summary.csv``,
+``summary.md``, ``results/``, ``plots/score_vs_size.png``, ``plots/overhead_vs_size.png``).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MetricCollection
 
 from lkv.core.metrics import ranking_metrics
-from lkv.model.lookahead import SETTING_KEY, LookaheadAdapter
+from lkv.model.lookahead import LookaheadAdapter
 from lkv.perf.overhead import lookahead_overhead
 from lkv.sweep.grid import grid_points, point_name, write_summary
 from lkv.train.base import SharedPrefill
+from lkv.train.export import save_lookahead_folder
 from lkv.train.module import LookaheadKVModule, adapter_settings, draw_position_offset, training_loss
 from lkv.train.optim import clip_gradients
 
@@ -288,11 +290,8 @@ class LookaheadAblation(L.Callback):
             )
         results = []
         for point in self.points:
-            adapter = adapters[point.name]
-            # the folder names its base model and its labels' setting, as `lkv export` writes them
-            adapter.config.extra["model"] = pl_module.hparams.model
-            adapter.config.extra[SETTING_KEY] = pl_module.label_setting
-            adapter.save(output / "adapters" / point.name)
+            # as `lkv export` writes the main module: base model, labels' setting, and the probe beside it
+            save_lookahead_folder(pl_module, output / "adapters" / point.name, adapters[point.name])
             own = {} if point.adapter is None else {"own_s": point.own_s}
             results.append(
                 {

@@ -28,7 +28,9 @@ from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY
 from lkv.model.probe import PROBE_CONFIG_FILE
 
 if TYPE_CHECKING:
+    from lkv.model.lookahead import LookaheadAdapter
     from lkv.train.frozen import FrozenLLMModule
+    from lkv.train.module import LookaheadKVModule
 
 # `resolve_adapter` exports a checkpoint `X.ckpt` to the sibling folder `X-adapter/`, `resolve_probe`
 # to `X-probe/`.
@@ -100,20 +102,34 @@ def export_checkpoint(
         module.probe.save(output)
         kind = f"MLP hidden {config.hidden_dim}" if config.hidden_dim else "linear"
         return f"exported the {kind} probe ({config.num_layers} layers, target {config.target}) to {output}"
-    # the folder names its base model, so loading it needs no `--model` (`exported_base_model`), and the
-    # setting its labels were made for (`trained_setting`: `lkv eval` warns when it runs in the other one)
-    module.adapter.config.extra["model"] = module.hparams.model
-    module.adapter.config.extra[SETTING_KEY] = module.label_setting
+    return save_lookahead_folder(module, output)
+
+
+def save_lookahead_folder(
+    module: LookaheadKVModule, output: str | Path, adapter: LookaheadAdapter | None = None
+) -> str:
+    """Write ``adapter`` (default: ``module``'s own) as an ``lkv export`` folder in ``output``; returns what it wrote.
+
+    The folder names its base model, so loading it needs no ``--model`` (``exported_base_model``), and the
+    setting its labels were made for (``trained_setting``: ``lkv eval`` warns when it runs in the other one). A
+    probe trained beside ``module`` goes into ``output/probe`` and the preset the pair is meant for into
+    ``lookahead.json``'s ``extra["preset"]``. The probe learns from the labels alone, so an ablation's sibling
+    modules (trained on the same labels in the same fit) are written with it too: each point is then the
+    product's preset with only the module changed.
+    """
+    adapter = module.adapter if adapter is None else adapter
+    adapter.config.extra["model"] = module.hparams.model
+    adapter.config.extra[SETTING_KEY] = module.label_setting
     beside = ""
     if module.probe is not None:
-        module.adapter.config.extra["preset"] = module.probe_settings.preset
+        adapter.config.extra["preset"] = module.probe_settings.preset
         module.probe.config.extra["model"] = module.hparams.model
         module.probe.save(Path(output) / PROBE_SUBFOLDER)
         beside = (
             f" with its probe in {Path(output) / PROBE_SUBFOLDER} (preset {module.probe_settings.preset})"
         )
-    module.adapter.save(output)
-    config = module.adapter.config
+    adapter.save(output)
+    config = adapter.config
     return (
         f"exported M={config.num_tokens} lookahead module (lora: {config.target_modules}) to {output}{beside}"
     )

@@ -1,5 +1,6 @@
 """LookaheadAblation on the tiny Llama: siblings equal separate fits, resume, TensorBoard series, export, summary."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,14 @@ import lkv.eviction.presses.lookaheadkv
 import lkv.train.module
 from lkv.core.generation import prefill
 from lkv.eviction.presses.lookaheadkv import load_lookahead
+from lkv.model.lookahead import CONFIG_FILE
+from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE
 from lkv.sweep.ablation import LookaheadAblation
 from lkv.sweep.grid import grid_points, point_name
 from lkv.train.datamodule import LabelDataModule
+from lkv.train.export import PROBE_SUBFOLDER, export_checkpoint
 from lkv.train.module import LookaheadKVModule
+from lkv.train.probe_head import ProbeSettings
 from tests.conftest import TINY, build_tiny_model
 
 # three siblings beside the main module (M = 4, all-linear): no LoRA, LoRA on q+v, LoRA on every linear layer
@@ -285,3 +290,25 @@ def test_siblings_train_on_the_main_modules_gapped_prefill(tiny_backbone, label_
     )
     with pytest.raises(ValueError, match="not lookahead module settings"):
         LookaheadAblation(grid={"max_position_gap": [300]})
+
+
+def test_a_joint_fits_points_are_written_with_its_probe_and_preset(tiny_backbone, label_folders, tmp_path):
+    # a module trained beside a probe exports as module + probe/ at the fit's preset; every sibling point is
+    # written the same way, so `lkv eval --adapter <point>` runs the preset with only the module changed
+    probe = ProbeSettings(hidden_dim=8, seed=3)
+    fit(
+        tmp_path,
+        label_folders,
+        max_steps=2,
+        ablation=ablation(tmp_path, {"num_lookahead": [4, 6]}),
+        probe=probe,
+    )
+    export_checkpoint(tmp_path / "checkpoints" / "last.ckpt", tmp_path / "export")
+    want = {p.name: p.read_bytes() for p in (tmp_path / "export" / PROBE_SUBFOLDER).iterdir()}
+    assert set(want) == {PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE}
+    for values in grid_points({"num_lookahead": [4, 6]}):
+        folder = tmp_path / "ablation" / "adapters" / point_name(values)
+        got = {p.name: p.read_bytes() for p in (folder / PROBE_SUBFOLDER).iterdir()}
+        assert got == want, folder
+        extra = json.loads((folder / CONFIG_FILE).read_text())["extra"]
+        assert extra == {"model": "tiny", "preset": "long", "setting": "aware"}, folder
