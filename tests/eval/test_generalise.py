@@ -199,6 +199,7 @@ def test_the_experiment_has_both_configs():
         "generalise/dev_oos",
         "generalise/dev_oos_mix",
         "generalise/dev_tokens",
+        "generalise/levers",
         "generalise/recall",
         "generalise/recall_probe",
         "generalise/user_nodejs",
