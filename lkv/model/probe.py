@@ -38,6 +38,8 @@ from lkv.core.files import check_safetensors, follow_umask
 
 PROBE_CONFIG_FILE = "probe.json"
 PROBE_WEIGHTS_FILE = "probe.safetensors"
+# the sub-folder of an exported lookahead module's folder that holds the probe trained (and meant to run) with it
+PROBE_SUBFOLDER = "probe"
 TARGETS = ("labels", "kvzip")
 
 

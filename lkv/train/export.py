@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY
-from lkv.model.probe import PROBE_CONFIG_FILE
+from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_SUBFOLDER
 
 if TYPE_CHECKING:
     from lkv.model.lookahead import LookaheadAdapter
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 # to `X-probe/`.
 EXPORT_SUFFIX = "-adapter"
 PROBE_EXPORT_SUFFIX = "-probe"
-# the probe trained beside a lookahead module, inside the module's exported folder
-PROBE_SUBFOLDER = "probe"
 
 
 def read_checkpoint(ckpt: str | Path) -> dict[str, Any]:

@@ -17,11 +17,11 @@ import lkv.train.module
 from lkv.core.generation import prefill
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.model.lookahead import CONFIG_FILE
-from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE
+from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_SUBFOLDER, PROBE_WEIGHTS_FILE
 from lkv.sweep.ablation import LookaheadAblation
 from lkv.sweep.grid import grid_points, point_name
 from lkv.train.datamodule import LabelDataModule
-from lkv.train.export import PROBE_SUBFOLDER, export_checkpoint
+from lkv.train.export import export_checkpoint
 from lkv.train.module import LookaheadKVModule
 from lkv.train.probe_head import ProbeSettings
 from tests.conftest import TINY, build_tiny_model

@@ -15,9 +15,9 @@ import lkv.train.probe_module
 from lkv.cli import main as lkv_main
 from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter
-from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_WEIGHTS_FILE, ImportanceProbe
+from lkv.model.probe import PROBE_CONFIG_FILE, PROBE_SUBFOLDER, PROBE_WEIGHTS_FILE, ImportanceProbe
 from lkv.train.datamodule import LabelDataModule
-from lkv.train.export import PROBE_SUBFOLDER, export_checkpoint, load_checkpoint
+from lkv.train.export import export_checkpoint, load_checkpoint
 from lkv.train.module import LookaheadKVModule
 from lkv.train.optim import OptimSettings
 from lkv.train.probe_head import ProbeSettings

@@ -34,13 +34,12 @@ from lkv.eviction.presses.sentences import SentencePress, sentence_ends
 from lkv.eviction.selector import check_pooling, pool_scores
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import CONFIG_FILE, LookaheadAdapter, exported_base_model, trained_setting
+from lkv.model.probe import PROBE_SUBFOLDER
 from lkv.model.tokens import DEFAULT_ADAPTER
 
 Settings = LookaheadKVSettings | str | Mapping[str, Any]
 """A lookahead module's settings as users give them (:meth:`LookaheadKVSettings.of`)."""
 
-PROBE_FOLDER = "probe"
-"""The sub-folder of an exported adapter folder that may hold the probe it was validated with."""
 PRESET_KEY = "preset"
 """The key of ``lookahead.json``'s ``extra`` that may name the preset the module was validated with."""
 
@@ -174,7 +173,7 @@ class FolderDefaults:
         if probe is None and self.probe is None:
             raise ValueError(
                 f"{where}: the settings fuse the module with a probe (probe_weight {settings.probe.weight}) and "
-                f"there is none: give --probe, or export the adapter folder with a {PROBE_FOLDER}/ sub-folder"
+                f"there is none: give --probe, or export the adapter folder with a {PROBE_SUBFOLDER}/ sub-folder"
             )
         return self.probe if probe is None else probe
 
@@ -194,7 +193,7 @@ def folder_defaults(adapter: str | Path) -> FolderDefaults:
         LookaheadKVSettings.of(name)
     except ValueError as error:
         raise ValueError(f"{path}: extra.{PRESET_KEY}: {error}") from None
-    probe = folder / PROBE_FOLDER
+    probe = folder / PROBE_SUBFOLDER
     return FolderDefaults(name, probe if probe.is_dir() else None, trained_setting(extra, str(path)))
 
 
