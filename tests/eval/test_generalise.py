@@ -199,6 +199,8 @@ def test_the_experiment_has_both_configs():
         "generalise/dev_oos",
         "generalise/dev_oos_mix",
         "generalise/dev_tokens",
+        "generalise/full",
+        "generalise/full_in",
         "generalise/levers",
         "generalise/recall",
         "generalise/recall_probe",
