@@ -24,6 +24,7 @@ def evaluate(
     model: str = "smollm2-135m",
     adapter: str | None = None,
     adapters: dict[str, str] | None = None,
+    variants: tuple[str, ...] = (),
     probe: str | None = None,
     press_args: dict[str, dict[str, Any]] | None = None,
     dtype: str = "float32",
@@ -55,6 +56,10 @@ def evaluate(
         adapters: more lookahead modules, name → folder or checkpoint, each evaluated as the method
             ``lookaheadkv:<name>`` on the same prefills as ``lookaheadkv`` (paired; one prefill for all), e.g.
             two seeds or a before/after pair. Needs ``adapter`` (the ``lookaheadkv`` rows) and the same base model.
+        variants: more entries of a method that takes settings, each ``<method>:<name>`` (e.g.
+            ``restorekv:lookahead``, ``snapkv:w64``), evaluated as that method under its own ``press_args`` on the
+            same prefills as the others: one method at two settings side by side, paired. Lookahead modules are
+            added with ``adapters`` instead; FullKV, the Oracle and the probe take no settings.
         probe: trained per-token probe for ``probe``: an ``lkv export`` probe folder or a probe checkpoint.
         press_args: per-method settings, e.g. ``{snapkv: {window: 16}, lookaheadkv: {preset: long}}``: each
             method's keyword arguments; a lookahead module's are its settings

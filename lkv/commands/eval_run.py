@@ -123,7 +123,12 @@ def model_presses(
             settings = dict(run.recorded_press_args[method])
             evictor = presses[ADAPTER_METHOD] if settings.pop("scores", None) == ADAPTER_METHOD else None
             model = net if module is None else module.model  # its LoRA joins a lookahead module's
-            presses[method] = RestoreKVPress.from_folder(model=model, evictor=evictor, **settings)
+            name = method.replace(":", "_").replace(
+                ".", "_"
+            )  # one peft adapter per entry: variants side by side
+            presses[method] = RestoreKVPress.from_folder(
+                model=model, evictor=evictor, adapter_name=name, **settings
+            )
     return presses
 
 

@@ -39,7 +39,8 @@ class EvalSettings:
     naming its ``--flag`` before any model loads or any folder is written.
 
     Construction also resolves what follows from the options without a model: :attr:`methods_run` (the
-    methods, lower-cased, each once, then ``lookaheadkv:<name>`` per ``adapters`` entry), :attr:`checked_budgets`,
+    methods, lower-cased, each once, then ``lookaheadkv:<name>`` per ``adapters`` entry, then the ``variants``),
+    :attr:`checked_budgets`,
     each lookahead module's settings (:attr:`module_settings`, from ``press_args`` and its folder) and probe
     (:attr:`module_probes`), and :attr:`recorded_press_args` (``press_args`` with every module's full settings,
     as ``run.json`` records them).
@@ -52,6 +53,7 @@ class EvalSettings:
     model: str
     adapter: str | None
     adapters: dict[str, str] | None
+    variants: tuple[str, ...]
     probe: str | None
     press_args: dict[str, dict[str, Any]] | None
     dtype: str
@@ -83,8 +85,11 @@ class EvalSettings:
         except (TypeError, ValueError) as error:
             raise ValueError(f"--budgets: {error}") from None
         methods = list(dict.fromkeys(m.lower() for m in self.methods))
-        self._check_methods(methods)
-        self._set("methods_run", methods + [f"{LOOKAHEAD_PREFIX}{name}" for name in self.adapters or {}])
+        variants = list(dict.fromkeys(v.lower() for v in self.variants))
+        self._check_variants(variants, methods)
+        self._check_methods(methods + variants)
+        modules = [f"{LOOKAHEAD_PREFIX}{name}" for name in self.adapters or {}]
+        self._set("methods_run", methods + modules + variants)
         self._check_press_args()
         self._resolve_modules()
 
@@ -92,12 +97,14 @@ class EvalSettings:
         object.__setattr__(self, name, value)  # a derived field of the frozen instance, set once here
 
     def _check_methods(self, methods: list[str]) -> None:
-        """``methods`` (as given) against ``adapter``, ``adapters`` and ``head_budget``."""
+        """``methods`` (as given, then the variants) against ``adapter``, ``adapters`` and ``head_budget``."""
         if (ADAPTER_METHOD in methods) != (self.adapter is not None):
             raise ValueError(
                 f"--adapter is required by the {ADAPTER_METHOD} method and used by no other method"
             )
-        decode_time = [m for m in methods if m in METHODS and METHODS[m].acts == "decode"]
+        decode_time = [
+            m for m in methods if (base := m.partition(":")[0]) in METHODS and METHODS[base].acts == "decode"
+        ]
         if self.head_budget != "equal" and decode_time:
             raise ValueError(
                 f"--head_budget {self.head_budget} spreads a prefill-time method's budget over the heads; the "
@@ -110,6 +117,29 @@ class EvalSettings:
             raise ValueError(
                 f"--adapters: names must be non-empty letters, digits, '_', '-' or '.', got {bad_names}"
             )
+
+    def _check_variants(self, variants: list[str], methods: list[str]) -> None:
+        """Each of ``variants`` is ``<method>:<name>`` of a registered method that takes settings (not a lookahead
+        module: ``adapters`` adds those), named apart from ``methods``."""
+        for variant in variants:
+            method, _, name = variant.partition(":")
+            if method not in METHODS or not name or not all(c.isalnum() or c in "_-." for c in name):
+                raise ValueError(
+                    f"--variants: expected <method>:<name> (a method of `lkv eval --help`, a name of letters, "
+                    f"digits, '_', '-' or '.'), found {variant!r}"
+                )
+            roles = roles_of(method)
+            if roles.role != "method" or roles.requires in ("adapter", "probe"):
+                raise ValueError(
+                    f"--variants: {variant!r}: {method} takes no settings of its own here"
+                    + (
+                        " (more lookahead modules come from --adapters)"
+                        if roles.requires == "adapter"
+                        else ""
+                    )
+                )
+            if variant in methods:
+                raise ValueError(f"--variants: {variant!r} is already one of --methods")
 
     def _check_press_args(self) -> None:
         """Every ``press_args`` entry names an evaluated method that takes settings, with keys it knows."""

@@ -223,17 +223,24 @@ RESTORE_METHOD = _only(requires="restore")
 """The method of a trained RestoreKV module (``restorekv``), built on the loaded model from ``press_args``."""
 
 
+def _registered(name: str) -> Method | None:
+    """The method registered as ``name`` or as the ``<name>`` of ``<name>:<entry>`` (case-insensitive)."""
+    name = name.lower()
+    return METHODS.get(name) or (METHODS.get(name.partition(":")[0]) if ":" in name else None)
+
+
 def roles_of(name: str) -> Roles:
-    """The :class:`Roles` of the method evaluated as ``name``: a registered name, ``<name>:<module>`` (another
-    trained module of a registered method, e.g. ``lookaheadkv:s1``), or any other name (a press evaluated under
-    a name of its own: a plain method)."""
-    method = METHODS.get(name) or METHODS.get(name.partition(":")[0] if ":" in name else "")
+    """The :class:`Roles` of the method evaluated as ``name``: a registered name, ``<name>:<entry>`` (another
+    trained module of a registered method, e.g. ``lookaheadkv:s1``, or the method at other settings, e.g.
+    ``snapkv:w64``), or any other name (a press evaluated under a name of its own: a plain method)."""
+    method = _registered(name)
     return Roles() if method is None else method.roles
 
 
 def make_method(name: str, **settings) -> Press:
-    """The eviction method registered as ``name`` (case-insensitive), built with its own ``settings``."""
-    method = METHODS.get(name.lower())
+    """The eviction method registered as ``name`` (case-insensitive; ``<name>:<entry>`` is the same method),
+    built with its own ``settings``."""
+    method = _registered(name)
     if method is None:
         raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
     return method.build(**settings)
@@ -245,7 +252,7 @@ def press_arg_names(name: str) -> tuple[str, ...]:
     arguments are the module, the probe and the tokenizer), a RestoreKV module's
     (:data:`~lkv.eviction.presses.restorekv.RESTORE_SETTINGS`: its folder and KVzip's chunks), else the keyword
     arguments of the method's build."""
-    method = METHODS.get(name.lower()) or METHODS.get(name.lower().partition(":")[0])
+    method = _registered(name)
     if method is None:
         raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
     if method.roles.requires == "adapter":

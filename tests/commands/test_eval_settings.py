@@ -44,6 +44,20 @@ def test_derived_fields_follow_from_the_options():
         ({"press_args": {"fullkv": {}}}, r"press_args given for \['fullkv'\]"),
         ({"methods": ("probe",)}, "--probe is required by the probe method"),
         ({"methods": ("restorekv",)}, "press_args for restorekv: give the trained restore folder"),
+        ({"variants": ("snapkv",)}, r"--variants: expected <method>:<name> .*found 'snapkv'"),
+        ({"variants": ("nokv:a",)}, r"--variants: expected <method>:<name> .*found 'nokv:a'"),
+        ({"variants": ("snapkv:a b",)}, "--variants: expected <method>:<name>"),
+        ({"variants": ("lookaheadkv:b",)}, "lookaheadkv takes no settings of its own here .*--adapters"),
+        ({"variants": ("oracle:b",)}, "'oracle:b': oracle takes no settings of its own here"),
+        ({"variants": ("probe:b",)}, "'probe:b': probe takes no settings of its own here"),
+        (
+            {"variants": ("h2o-decode:b",), "head_budget": "adaptive"},
+            r"decode-time methods \['h2o-decode:b'\]",
+        ),
+        (
+            {"variants": ("snapkv:w",), "press_args": {"snapkv:w": {"span": 4}}},
+            "press_args for snapkv:w: unknown",
+        ),
         (
             {"methods": ("restorekv",), "press_args": {"restorekv": {"folder": "/nowhere"}}},
             "press_args for restorekv: folder: /nowhere/restorekv.json: not found",
@@ -61,6 +75,16 @@ def test_derived_fields_follow_from_the_options():
 def test_a_bad_option_is_refused_naming_its_flag(changes, message):
     with pytest.raises(ValueError, match=message):
         EvalSettings(**defaults(**changes))
+
+
+def test_a_variant_is_its_method_under_its_own_settings():
+    run = EvalSettings(
+        **defaults(variants=("SnapKV:w4", "snapkv:w4"), press_args={"snapkv:w4": {"window": 4}})
+    )
+    assert run.methods_run == ["fullkv", "snapkv", "snapkv:w4"]
+    presses = run.training_free_presses()
+    assert type(presses["snapkv:w4"]) is type(presses["snapkv"])
+    assert presses["snapkv:w4"].window == 4 != presses["snapkv"].window
 
 
 def test_restorekv_selects_with_the_lookahead_module_only_beside_it(tmp_path):

@@ -229,3 +229,42 @@ def test_lkv_eval_runs_restorekv_from_its_press_args(tiny_corpus, tmp_path, scor
         assert restorekv["kept_tokens"] == kvzip["kept_tokens"] == BUDGET
         assert restorekv["kv_fraction"] == kvzip["kv_fraction"]
         assert restorekv["prompt_tokens"] == kvzip["prompt_tokens"] + N  # it read the restore tokens too
+
+
+def test_two_restore_modules_side_by_side_answer_as_each_alone(tiny_corpus, tmp_path):
+    """``variants: [restorekv:b]`` loads a second restore folder on the same model under its own peft name:
+    each entry's rows equal those of a run with its folder alone."""
+    import lkv.commands.eval
+
+    model, tokenizer = build_tiny_model("llama", max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    for seed, name in ((0, "a"), (1, "b")):
+        adapter = RestoreAdapter.create(model, num_tokens=N, lora_rank=2, seed=seed)
+        randomise_lora(adapter, seed)
+        adapter.embeddings.data.mul_(
+            30.0
+        )  # far from the vocabulary's rows: the restore tokens steer the answer
+        adapter.save(tmp_path / name)
+
+    def answers(output: str, **entries: str) -> dict[tuple[str, str], list[int]]:
+        lkv.commands.eval.evaluate(
+            tasks=[tiny_needle_task(tiny_corpus, lengths=(60,), max_new_tokens=6)],
+            methods=("restorekv",),
+            variants=tuple(m for m in entries if m != "restorekv"),
+            press_args={m: {"folder": str(tmp_path / f), "chunk_size": CHUNK} for m, f in entries.items()},
+            budgets=(BUDGET,),
+            settings=("aware",),
+            output=str(tmp_path / output),
+            model=str(tmp_path / "model"),
+            progress=False,
+        )
+        rows = ResultsFile(tmp_path / output / RESULTS_FILE).rows
+        return {(r["method"], r["sample"]): r["answer_ids"] for r in rows}
+
+    alone_a = answers("a", restorekv="a")
+    alone_b = answers("b", restorekv="b")
+    assert alone_a != alone_b  # the two modules answer differently: the test can tell them apart
+    both = answers("both", restorekv="a", **{"restorekv:b": "b"})
+    assert {k: v for k, v in both.items() if k[0] == "restorekv"} == alone_a
+    assert {("restorekv", s): v for (m, s), v in both.items() if m == "restorekv:b"} == alone_b

@@ -1,6 +1,8 @@
 """RestoreKV's self-distillation on a tiny model: the KL falls in a few steps, gradients reach the restore
 tokens only, and a checkpoint exports to the folder the press loads."""
 
+import json
+
 import lightning as L
 import pytest
 import torch
@@ -162,3 +164,34 @@ def test_lkv_fit_export_and_generate_with_restorekv(tmp_path, capsys, monkeypatc
         + ["--press_args", f"{{folder: {folder}, chunk_size: 16}}", "--max_new_tokens", "3"]
     )
     assert "[restorekv, budget 8," in capsys.readouterr().err
+
+    # `lkv eval`: two RestoreKV entries side by side (`restorekv` and the variant `restorekv:wide`), each with its
+    # own settings
+    from tests.conftest import ESSAYS, TINY_HELDOUT
+
+    essays = tmp_path / "essays"
+    essays.mkdir()
+    for name, text in ESSAYS.items():
+        (essays / f"{name}.txt").write_text(text)
+    task = {"lengths": [60], "depths": [0.5], "essays_dir": str(essays), "heldout_fraction": TINY_HELDOUT}
+    suite = {
+        "tasks": [{"class_path": "lkv.eval.tasks.NeedleTask", "init_args": task}],
+        "model": str(root / "model"),
+        "methods": ["fullkv", "restorekv"],
+        "variants": ["restorekv:wide"],
+        "budgets": [8],
+        "press_args": {
+            "restorekv": {"folder": folder, "chunk_size": 16},
+            "restorekv:wide": {"folder": folder, "chunk_size": 32},
+        },
+        "progress": False,
+    }
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(suite))
+    lkv_main(["eval", "--config", str(tmp_path / "eval.yaml"), "--output", str(tmp_path / "eval")])
+    run_json = json.loads((tmp_path / "eval" / "run.json").read_text())
+    assert {m: a["chunk_size"] for m, a in run_json["press_args"].items()} == {
+        "restorekv": 16,
+        "restorekv:wide": 32,
+    }
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "results.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == {"fullkv", "restorekv", "restorekv:wide"}

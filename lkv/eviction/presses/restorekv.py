@@ -79,11 +79,13 @@ class RestoreKVPress(Press):
         chunk_size: int = 2048,
         overlap: int = 8,
         evictor: Press | None = None,
+        adapter_name: str = RESTORE_ADAPTER,
     ) -> RestoreKVPress:
         """Load a restore folder (:mod:`lkv.model.restore`) on top of ``model`` (modified in place: its LoRA
-        joins as the peft adapter ``restorekv``; ``model`` may already carry a lookahead module's); the evictor
-        is KVzip with ``chunk_size`` and ``overlap`` unless ``evictor`` is given."""
-        adapter = RestoreAdapter.load(folder, model, adapter_name=RESTORE_ADAPTER)
+        joins as the peft adapter ``adapter_name``, kvpress's name by default; ``model`` may already carry a
+        lookahead module's or another restore module's, each under its own name); the evictor is KVzip with
+        ``chunk_size`` and ``overlap`` unless ``evictor`` is given."""
+        adapter = RestoreAdapter.load(folder, model, adapter_name=adapter_name)
         return cls(adapter, KVzipPress(chunk_size, overlap) if evictor is None else evictor)
 
     @property
