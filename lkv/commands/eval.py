@@ -38,6 +38,7 @@ def evaluate(
     enable_thinking: bool = False,
     head_budget: HeadBudget = "equal",
     truncate: Truncate = "error",
+    shard: str | None = None,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -100,6 +101,11 @@ def evaluate(
             ``error`` (the run stops before the task's first prefill, naming the sample and both lengths),
             ``left`` (keep the context's last tokens) or ``middle`` (keep its first and last halves). Recorded
             in ``run.json``: a rerun into the folder must cut its prompts alike.
+        shard: ``k/n``: run only every ``n``-th sample of each task, from the ``k``-th (:mod:`lkv.eval.shard`), so
+            ``n`` processes or machines with the same command and ``--shard 1/n`` … ``n/n`` fill one output folder
+            together (a shared file system). Each writes a report of the rows present when it ends, marked
+            partial; once all have ended, the command without ``--shard`` adds no row and writes the complete
+            report. Not with ``--head_budget threshold`` (its thresholds are calibrated on all of a task's prompts).
     """
     options = {k: v for k, v in locals().items() if k != "tasks"}  # every option but the tasks
     from lkv.commands.eval_run import run_eval

@@ -17,6 +17,7 @@ from lkv.core.chat import template_reads_variables
 from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_keys
 from lkv.eval.runner import Evaluator
+from lkv.eval.shard import Shard
 from lkv.eval.tasks import Benchmark, check_settings
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
@@ -69,6 +70,7 @@ def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
         run.max_batch_tokens,
         Selection(head_budget=run.head_budget),
         truncate=run.truncate,
+        shard=run.checked_shard,
     )
     return run_and_report(evaluator, tasks, out, run.title or out.name, run.methods_run)
 
@@ -169,6 +171,14 @@ def run_and_report(
     # Read back the file, not the evaluator's rows: another process may fill the same folder (one per setting).
     rows = ResultsFile(out / RESULTS_FILE).rows
     report = out / REPORT_FILE
+    if not evaluator.shard.whole:  # other shards may still be running: a report of the rows so far, marked so
+        report = write_report(
+            rows, out, title=title, methods=methods, notes=[shard_note(evaluator.shard, len(rows))]
+        )
+        return (
+            f"lkv eval: shard {evaluator.shard} done; {len(rows)} result rows in {out / RESULTS_FILE} "
+            f"({seconds:.0f} s this run); partial report: {report}"
+        )
     # a resumed run that added nothing leaves the report, its plots and its TensorBoard files as they were
     # (rewriting them would only churn a committed folder); a partial report is completed all the same
     if len(rows) > known or not report.exists() or PARTIAL_MARK in report.read_text(encoding="utf-8"):
@@ -186,6 +196,15 @@ def check_legacy_template(output: Path, tokenizer: PreTrainedTokenizerBase, mode
             f"{model} reads them (e.g. Qwen3's enable_thinking), so its prompts may have been rendered "
             "differently; use another --output or delete the folder"
         )
+
+
+def shard_note(shard: Shard, rows: int) -> str:
+    """The report's warning that a shard wrote it, with the rows the folder held when that shard ended."""
+    return (
+        f"{PARTIAL_MARK}: shard {shard} wrote this report when it ended, with the {rows} rows then in "
+        f"`{RESULTS_FILE}`; other shards may add more. Once every shard has ended, the same command without "
+        "--shard adds no row and writes the complete report."
+    )
 
 
 def interrupted_note(rows: int) -> str:

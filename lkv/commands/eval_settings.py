@@ -11,6 +11,7 @@ from lkv.core.chat import template_kwargs
 from lkv.core.context import Truncate
 from lkv.eval.prompt_settings import Setting
 from lkv.eval.results import adapter_method, fingerprint
+from lkv.eval.shard import WHOLE, Shard
 from lkv.eviction.names import HeadBudget
 from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
@@ -67,7 +68,9 @@ class EvalSettings:
     enable_thinking: bool
     head_budget: HeadBudget
     truncate: Truncate
+    shard: str | None
     methods_run: list[str] = field(init=False)
+    checked_shard: Shard = field(init=False)
     checked_budgets: list[Budget] = field(init=False)
     module_settings: dict[str, LookaheadKVSettings] = field(init=False)
     module_probes: dict[str, str | Path | None] = field(init=False)
@@ -84,6 +87,7 @@ class EvalSettings:
             self._set("checked_budgets", [Budget.of(budget) for budget in self.budgets])
         except (TypeError, ValueError) as error:
             raise ValueError(f"--budgets: {error}") from None
+        self._set("checked_shard", self._parse_shard())
         methods = list(dict.fromkeys(m.lower() for m in self.methods))
         variants = list(dict.fromkeys(v.lower() for v in self.variants))
         self._check_variants(variants, methods)
@@ -92,6 +96,21 @@ class EvalSettings:
         self._set("methods_run", methods + modules + variants)
         self._check_press_args()
         self._resolve_modules()
+
+    def _parse_shard(self) -> Shard:
+        """``shard`` as a :class:`Shard` (every sample when not given)."""
+        if self.shard is None:
+            return WHOLE
+        try:
+            shard = Shard.parse(self.shard)
+        except ValueError as error:
+            raise ValueError(f"--shard: {error}") from None
+        if self.head_budget == "threshold" and not shard.whole:
+            raise ValueError(
+                "--shard: --head_budget threshold calibrates each threshold on every prompt of a task; run it "
+                "without --shard"
+            )
+        return shard
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # a derived field of the frozen instance, set once here

@@ -128,9 +128,9 @@ class ResultsFile:
         if isinstance(row, ResultRow):
             row = row.as_json()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+        # one unbuffered write to a file opened for appending: rows of processes sharing the folder never interleave
+        with self.path.open("ab", buffering=0) as out:
+            out.write((json.dumps(row) + "\n").encode("utf-8"))
         self.rows.append(row)
         self.done[row_key(row)] = row
 

@@ -43,7 +43,7 @@ class EndTaskRun:
     def run(self, task: Task) -> None:
         """Every pending row of ``task``, chunk by chunk (longest prompts first)."""
         units, prompts = [], []
-        for sample in task.samples(self.setup.tokenizer):
+        for sample in self.setup.shard.of(task.samples(self.setup.tokenizer)):
             context, question = encode_sample(sample, self.setup.tokenizer, self.setup.enable_thinking)
             reserve = len(question) + sample.max_new_tokens
             where = f"task {task.name}, sample {sample.id}: the prompt"

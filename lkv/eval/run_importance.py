@@ -20,8 +20,11 @@ def run_importance(setup: EvalSetup, task: ImportanceTask) -> None:
     budget :data:`~lkv.eval.results.NO_BUDGET`: the row carries every Recall@C)."""
     task.check_model(model_signature(setup.model, setup.tokenizer, "evaluated model"))
     methods = [m for m in setup.methods if not roles_of(m).unranked]
-    labels = task.samples(setup.tokenizer)  # lazily: each holds a (layers, kv_heads, S) target
-    for label in Progress(f"lkv eval: {task.name}", len(task), "prompts", setup.progress).track(labels):
+    labels = setup.shard.of(
+        task.samples(setup.tokenizer)
+    )  # lazily: each holds a (layers, kv_heads, S) target
+    bar = Progress(f"lkv eval: {task.name}", setup.shard.size(len(task)), "prompts", setup.progress)
+    for label in bar.track(labels):
         todo = [m for m in methods if (task.name, label.id, m, NO_BUDGET, "aware") not in setup.results.done]
         if not todo:
             continue

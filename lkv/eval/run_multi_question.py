@@ -76,7 +76,7 @@ class MultiQuestionRun:
     def run(self, task: Task) -> None:
         """Every pending row of ``task``, context by context."""
         todo, contexts = [], []
-        for group in contexts_of(task.samples(self.setup.tokenizer)):
+        for group in self.setup.shard.of(contexts_of(task.samples(self.setup.tokenizer))):
             context, questions = self._encode(task, group)
             contexts.append(context)
             pending = self._pending(task, group)

@@ -21,7 +21,7 @@ def run_needle_tokens(setup: EvalSetup, task: NeedleTokenTask) -> None:
     """Per sample one prefill, every method's scores, and per budget the value tokens each head keeps."""
     # the upper bound has no ranking of its own to score, but it keeps needle tokens like any method
     methods = [m for m in setup.methods if not roles_of(m).unranked or roles_of(m).role == "upper bound"]
-    samples = list(task.samples(setup.tokenizer))
+    samples = list(setup.shard.of(task.samples(setup.tokenizer)))
     for sample in Progress(f"lkv eval: {task.name}", len(samples), "prompts", setup.progress).track(samples):
         todo = [
             (m, b)

@@ -16,6 +16,7 @@ from lkv.core.context import Truncate, model_context
 from lkv.eval.prefill import Prefilled
 from lkv.eval.prompt_settings import SETTINGS, Setting
 from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.shard import WHOLE, Shard
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
 from lkv.eviction.records import Generation
@@ -55,6 +56,8 @@ class EvalSetup:
         truncate: a sample whose context, question and answer tokens do not fit in the model's context
             (:func:`lkv.core.context.fit_context`): ``error`` refuses it before the task's first prefill;
             ``left`` or ``middle`` cut its context.
+        shard: the share of each task's samples this process runs (:class:`~lkv.eval.shard.Shard`; default
+            all); other processes may run the other shares into the same folder.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class EvalSetup:
         max_batch_tokens: int | None = None,
         selection: Selection = DEFAULT_SELECTION,
         truncate: Truncate = "error",
+        shard: Shard = WHOLE,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -99,6 +103,7 @@ class EvalSetup:
         self.enable_thinking = enable_thinking
         self.max_batch_tokens = max_batch_tokens
         self.truncate = truncate
+        self.shard = shard
         self.selection = selection
         self.context = model_context(model)
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None

@@ -44,6 +44,8 @@ def test_derived_fields_follow_from_the_options():
         ({"press_args": {"fullkv": {}}}, r"press_args given for \['fullkv'\]"),
         ({"methods": ("probe",)}, "--probe is required by the probe method"),
         ({"methods": ("restorekv",)}, "press_args for restorekv: give the trained restore folder"),
+        ({"shard": "3/2"}, r"--shard: expected k/n with 1 ≤ k ≤ n, found 3/2"),
+        ({"shard": "1/2", "head_budget": "threshold"}, "--shard: --head_budget threshold calibrates"),
         ({"variants": ("snapkv",)}, r"--variants: expected <method>:<name> .*found 'snapkv'"),
         ({"variants": ("nokv:a",)}, r"--variants: expected <method>:<name> .*found 'nokv:a'"),
         ({"variants": ("snapkv:a b",)}, "--variants: expected <method>:<name>"),
