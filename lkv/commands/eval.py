@@ -39,6 +39,7 @@ def evaluate(
     head_budget: HeadBudget = "equal",
     truncate: Truncate = "error",
     shard: str | None = None,
+    only_solved: str | None = None,
 ) -> str:
     """Evaluate eviction methods × budgets × tasks × settings; write results, a report, plots and TensorBoard logs.
 
@@ -106,6 +107,10 @@ def evaluate(
             together (a shared file system). Each writes a report of the rows present when it ends, marked
             partial; once all have ended, the command without ``--shard`` adds no row and writes the complete
             report. Not with ``--head_budget threshold`` (its thresholds are calibrated on all of a task's prompts).
+        only_solved: an earlier ``lkv eval`` folder (or its ``results.jsonl``): run only the (sample, setting)
+            pairs its FullKV rows answered right (:mod:`lkv.eval.screen`), so new methods are scored on exactly
+            a committed set's solved samples, paired with its rows by sample id. End tasks only; every task and
+            setting of the run needs FullKV rows there.
     """
     options = {k: v for k, v in locals().items() if k != "tasks"}  # every option but the tasks
     from lkv.commands.eval_run import run_eval

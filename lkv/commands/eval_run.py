@@ -16,7 +16,8 @@ from lkv.commands.signals import exit_on_sigterm
 from lkv.core.chat import template_reads_variables
 from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_keys
-from lkv.eval.runner import Evaluator
+from lkv.eval.runner import Evaluator, run_end_task, run_of
+from lkv.eval.screen import SolvedScreen
 from lkv.eval.shard import Shard
 from lkv.eval.tasks import Benchmark, check_settings
 from lkv.eviction.presses import OraclePress, Press, ProbePress
@@ -36,6 +37,7 @@ def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
     """Evaluate ``tasks`` with ``run``'s checked options (:func:`lkv.commands.eval.evaluate` gives each); returns
     the verb's closing line."""
     check_settings(tasks, run.settings)  # before the model loads
+    screen = None if run.only_solved is None else solved_screen(tasks, run)
     out = Path(run.output)
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded
     legacy = unrecorded_keys(out, [TEMPLATE_KEY])
@@ -71,8 +73,19 @@ def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
         Selection(head_budget=run.head_budget),
         truncate=run.truncate,
         shard=run.checked_shard,
+        screen=screen,
     )
     return run_and_report(evaluator, tasks, out, run.title or out.name, run.methods_run)
+
+
+def solved_screen(tasks: list[Benchmark], run: EvalSettings) -> SolvedScreen:
+    """``--only_solved``'s screen of ``tasks`` (end tasks only: they alone have FullKV answers per prompt)."""
+    other = [t.name for t in tasks if run_of(t) is not run_end_task]
+    if other:
+        raise ValueError(
+            f"--only_solved screens end tasks by their FullKV answers; {', '.join(other)} has none"
+        )
+    return SolvedScreen.load(run.only_solved, [t.name for t in tasks], run.settings)
 
 
 def model_presses(

@@ -69,6 +69,7 @@ class EvalSettings:
     head_budget: HeadBudget
     truncate: Truncate
     shard: str | None
+    only_solved: str | None
     methods_run: list[str] = field(init=False)
     checked_shard: Shard = field(init=False)
     checked_budgets: list[Budget] = field(init=False)

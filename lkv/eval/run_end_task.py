@@ -43,12 +43,17 @@ class EndTaskRun:
     def run(self, task: Task) -> None:
         """Every pending row of ``task``, chunk by chunk (longest prompts first)."""
         units, prompts = [], []
-        for sample in self.setup.shard.of(task.samples(self.setup.tokenizer)):
+        samples, screen = task.samples(self.setup.tokenizer), self.setup.screen
+        if screen is not None:
+            samples = screen.samples(task.name, samples, self.setup.settings)
+        for sample in self.setup.shard.of(samples):
             context, question = encode_sample(sample, self.setup.tokenizer, self.setup.enable_thinking)
             reserve = len(question) + sample.max_new_tokens
             where = f"task {task.name}, sample {sample.id}: the prompt"
             context = fit_context(context, reserve, self.setup.context, self.setup.truncate, where)
             for setting in self.setup.settings:
+                if screen is not None and not screen.keeps(task.name, sample.id, setting):
+                    continue
                 todo = self._pending(task.name, sample.id, setting)
                 unit = Unit(sample, setting, context, question, todo)
                 prompts.append(unit.prompt)

@@ -16,6 +16,7 @@ from lkv.core.context import Truncate, model_context
 from lkv.eval.prefill import Prefilled
 from lkv.eval.prompt_settings import SETTINGS, Setting
 from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.screen import SolvedScreen
 from lkv.eval.shard import WHOLE, Shard
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
@@ -58,6 +59,8 @@ class EvalSetup:
             ``left`` or ``middle`` cut its context.
         shard: the share of each task's samples this process runs (:class:`~lkv.eval.shard.Shard`; default
             all); other processes may run the other shares into the same folder.
+        screen: run only the (sample, setting) pairs an earlier run's FullKV solved
+            (:class:`~lkv.eval.screen.SolvedScreen`; end tasks), before sharding; None runs every one.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class EvalSetup:
         selection: Selection = DEFAULT_SELECTION,
         truncate: Truncate = "error",
         shard: Shard = WHOLE,
+        screen: SolvedScreen | None = None,
     ) -> None:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -104,6 +108,7 @@ class EvalSetup:
         self.max_batch_tokens = max_batch_tokens
         self.truncate = truncate
         self.shard = shard
+        self.screen = screen
         self.selection = selection
         self.context = model_context(model)
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None

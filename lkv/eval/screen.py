@@ -1,0 +1,58 @@
+"""`lkv eval --only_solved FOLDER`: run only the prompts the full-cache model answered right in an earlier run.
+
+A needle the full-cache model cannot retrieve measures the model, not the eviction; paired comparisons count
+*kept* only on FullKV-solved samples (:func:`lkv.eval.paired.fullkv_solved`). Screening a new run by an earlier
+folder's FullKV rows spends no prefill on the rest: a new method is scored on exactly the solved samples of a
+committed set, paired with its rows by sample id. (:class:`~lkv.eval.tasks.GeneraliseTask`'s own
+``screened_by`` does more: it picks, per source and distance bin, which candidates form the set.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lkv.eval.paired import fullkv_solved
+from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.tasks import Sample
+
+
+@dataclass(frozen=True)
+class SolvedScreen:
+    """The samples FullKV answered right (score 1) in ``folder``, per (task, setting)."""
+
+    folder: Path
+    solved: dict[tuple[str, str], frozenset[str]]
+
+    @classmethod
+    def load(cls, folder: str | Path, tasks: Sequence[str], settings: Sequence[str]) -> SolvedScreen:
+        """Read ``folder``'s results file (or that file itself).
+
+        Raises:
+            FileNotFoundError: no results file there.
+            ValueError: a task and setting of this run with no FullKV row in it (naming both).
+        """
+        path = Path(folder)
+        path = path / RESULTS_FILE if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"--only_solved: no {RESULTS_FILE} at {path}")
+        rows = ResultsFile(path).rows
+        solved = {
+            (task, setting): frozenset(fullkv_solved(rows, task, setting))
+            for task in tasks
+            for setting in settings
+        }
+        have = {(r["task"], r["setting"]) for r in rows if r["method"] == "fullkv"}
+        missing = [f"{task} ({setting})" for task, setting in solved if (task, setting) not in have]
+        if missing:
+            raise ValueError(f"--only_solved {path}: no FullKV row of task {', '.join(missing)} to screen by")
+        return cls(path, solved)
+
+    def keeps(self, task: str, sample: str, setting: str) -> bool:
+        """Whether FullKV solved ``sample`` of ``task`` in ``setting``."""
+        return sample in self.solved[(task, setting)]
+
+    def samples(self, task: str, samples: Iterable[Sample], settings: Sequence[str]) -> Iterator[Sample]:
+        """The ``samples`` solved in at least one of ``settings``, in their order."""
+        return (s for s in samples if any(self.keeps(task, s.id, setting) for setting in settings))
