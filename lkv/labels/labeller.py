@@ -16,7 +16,7 @@ from transformers import PreTrainedModel
 
 from lkv import __version__
 from lkv.core.chat import encode_context, encode_question
-from lkv.core.generation import crop_to, decode, prefill
+from lkv.core.generation import append_tokens, crop_to, decode, prefill
 from lkv.core.importance import response_importance
 from lkv.labels.shards import LabelMeta
 
@@ -169,9 +169,13 @@ def label_questions(
 ) -> Label:
     """Question-agnostic label of a context asked ``k = len(questions)`` questions.
 
-    Each question is labelled alone, as :func:`label_prompt` with ``question_ids`` does (its greedy response
-    from context + question; the attention of the question's and the response's queries on the context),
-    and the ``k`` importances are reduced to one (:func:`reduce_questions`).
+    The context is prefilled once, alone, as the multi-question evaluation prefills it before it appends each
+    question (:func:`~lkv.core.generation.append_tokens`; one prefill instead of ``k``). Each question is then
+    labelled on that cache as :func:`label_prompt` with ``question_ids`` labels it (its greedy response; the
+    attention of the question's and the response's queries on the context), the cache cropped back to the
+    context before the next, and the ``k`` importances are reduced to one (:func:`reduce_questions`). The
+    context's K/V of one prefill equal those of a prefill with the question to float rounding, so the scores
+    equal :func:`label_prompt`'s to ~1e-6.
 
     Returns:
         response ids: the ``k`` responses one after another, in question order (a record of the answers; the
@@ -180,9 +184,18 @@ def label_questions(
     """
     if not questions:
         raise ValueError("a multi-question prompt needs at least one question (k ≥ 1), found none")
-    labels = [label_prompt(model, context_ids, response_tokens, eos_token_ids, True, q) for q in questions]
-    responses = [token for label in labels for token in label.response_ids]
-    return Label(responses, reduce_questions([label.scores for label in labels], reduction))
+    device = next(model.parameters()).device
+    length = len(context_ids)
+    cache, _ = prefill(model, torch.tensor([context_ids], device=device))
+    responses, scores = [], []
+    for question in questions:
+        logits = append_tokens(model, cache, torch.tensor([question], device=device), length)
+        response = decode(model, cache, logits, length + len(question), response_tokens, eos_token_ids)
+        crop_to(cache, length)
+        queries = torch.tensor([list(question) + response], device=device)
+        scores.append(response_importance(model, cache, length, queries))  # leaves the context's cache
+        responses += response
+    return Label(responses, reduce_questions(scores, reduction))
 
 
 def make_meta(
