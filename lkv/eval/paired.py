@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from lkv.eval.results import FULL, NO_BUDGET, budget_order
+from lkv.eval.results import FULL, NO_BUDGET, RESULTS_FILE, ResultsFile, budget_order
 from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test, wilson_interval
 from lkv.eviction.registry import REFERENCE, Roles, roles_of
 
@@ -49,6 +50,30 @@ def fullkv_solved(rows: Sequence[dict[str, Any]], task: str, setting: str) -> se
     the paired comparisons count what a method *kept*, and what a screened task keeps (a needle the
     full-cache model cannot retrieve measures the model, not the eviction)."""
     return _solved(_cells(rows).get((task, setting, REFERENCE, FULL), {}))
+
+
+def solved_in(
+    folder: str | Path, cells: Iterable[tuple[str, str]], flag: str
+) -> tuple[Path, dict[tuple[str, str], frozenset[str]]]:
+    """The results file of ``folder`` (or that file itself) and, per (task, setting) of ``cells``, the samples
+    FullKV solved there: what a screened run keeps. ``flag`` names the option that asked, in the errors.
+
+    Raises:
+        FileNotFoundError: no results file there.
+        ValueError: a (task, setting) with no FullKV row there (naming each), since an unscreened cell would
+            otherwise keep no sample at all.
+    """
+    path = Path(folder)
+    path = path / RESULTS_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{flag}: no {RESULTS_FILE} at {path} (run FullKV there first)")
+    rows = ResultsFile(path).rows
+    have = {(r["task"], r["setting"]) for r in rows if r["method"] == REFERENCE}
+    cells = list(dict.fromkeys(cells))
+    missing = [f"{task!r} ({setting})" for task, setting in cells if (task, setting) not in have]
+    if missing:
+        raise ValueError(f"{flag} {path}: no FullKV row of task {', '.join(missing)} to screen by")
+    return path, {(task, setting): frozenset(fullkv_solved(rows, task, setting)) for task, setting in cells}
 
 
 def _solved(full: dict[str, float]) -> set[str]:

@@ -13,8 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lkv.eval.paired import fullkv_solved
-from lkv.eval.results import RESULTS_FILE, ResultsFile
+from lkv.eval.paired import solved_in
 from lkv.eval.tasks import Sample
 
 
@@ -27,27 +26,10 @@ class SolvedScreen:
 
     @classmethod
     def load(cls, folder: str | Path, tasks: Sequence[str], settings: Sequence[str]) -> SolvedScreen:
-        """Read ``folder``'s results file (or that file itself).
-
-        Raises:
-            FileNotFoundError: no results file there.
-            ValueError: a task and setting of this run with no FullKV row in it (naming both).
-        """
-        path = Path(folder)
-        path = path / RESULTS_FILE if path.is_dir() else path
-        if not path.is_file():
-            raise FileNotFoundError(f"--only_solved: no {RESULTS_FILE} at {path}")
-        rows = ResultsFile(path).rows
-        solved = {
-            (task, setting): frozenset(fullkv_solved(rows, task, setting))
-            for task in tasks
-            for setting in settings
-        }
-        have = {(r["task"], r["setting"]) for r in rows if r["method"] == "fullkv"}
-        missing = [f"{task} ({setting})" for task, setting in solved if (task, setting) not in have]
-        if missing:
-            raise ValueError(f"--only_solved {path}: no FullKV row of task {', '.join(missing)} to screen by")
-        return cls(path, solved)
+        """Read ``folder``'s results file (or that file itself); the errors of
+        :func:`~lkv.eval.paired.solved_in`."""
+        cells = [(task, setting) for task in tasks for setting in settings]
+        return cls(*solved_in(folder, cells, "--only_solved"))
 
     def keeps(self, task: str, sample: str, setting: str) -> bool:
         """Whether FullKV solved ``sample`` of ``task`` in ``setting``."""

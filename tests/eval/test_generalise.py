@@ -148,7 +148,9 @@ def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_t
         if sample.id in solved:
             by_source.setdefault(sample.meta["source"], []).append(sample.id)
     assert [s.id for s in screened] == [i for ids in by_source.values() for i in ids[:2]]
-    with pytest.raises(ValueError, match=r"no row of task 'generalise' in setting 'agnostic'"):
+    with pytest.raises(
+        ValueError, match=r"screened_by .*: no FullKV row of task 'generalise' \(agnostic\) to screen by"
+    ):
         task(source_roots, screened_by=str(tmp_path), screen_setting="agnostic").samples(tiny_tokenizer)
     with pytest.raises(FileNotFoundError, match=r"screened_by: no results.jsonl"):
         task(source_roots, screened_by=str(tmp_path / "nothing")).samples(tiny_tokenizer)

@@ -65,7 +65,7 @@ def test_a_screen_without_the_runs_fullkv_rows_is_refused(tiny_corpus, model_fol
     whole = run(tiny_corpus, model_folder, tmp_path / "whole")
     task = whole[0]["task"]
     with pytest.raises(
-        ValueError, match=rf"no FullKV row of task other \(aware\), other \(mid\), {task} \(mid\) to"
+        ValueError, match=rf"no FullKV row of task 'other' \(aware\), 'other' \(mid\), '{task}' \(mid\) to"
     ):
         SolvedScreen.load(tmp_path / "whole", ["other", task], ["aware", "mid"])
     assert SolvedScreen.load(tmp_path / "whole" / RESULTS_FILE, [task], ["aware"]).folder.name == RESULTS_FILE

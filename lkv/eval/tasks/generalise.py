@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from lkv.core.chat import chat_parts
@@ -238,24 +237,13 @@ class GeneraliseTask(GeneratedTask):
                         out.append(sample)
         return out
 
-    def _solved(self) -> set[str]:
+    def _solved(self) -> frozenset[str]:
         """Sample ids FullKV answered right in ``screened_by``."""
         # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
-        from lkv.eval.paired import fullkv_solved
-        from lkv.eval.results import RESULTS_FILE, ResultsFile
+        from lkv.eval.paired import solved_in
 
-        path = Path(self.screened_by)
-        path = path / RESULTS_FILE if path.is_dir() else path
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"screened_by: no {RESULTS_FILE} at {path} (run the FullKV screening first)"
-            )
-        rows = ResultsFile(path).rows
-        if not any(r["task"] == self.name and r["setting"] == self.screen_setting for r in rows):
-            raise ValueError(
-                f"screened_by {path}: no row of task {self.name!r} in setting {self.screen_setting!r}"
-            )
-        return fullkv_solved(rows, self.name, self.screen_setting)
+        cell = (self.name, self.screen_setting)
+        return solved_in(self.screened_by, [cell], "screened_by")[1][cell]
 
     def _sample(
         self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
