@@ -14,12 +14,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from lkv.commands.eval_settings import LOOKAHEAD_PREFIX, TEMPLATE_KEY, EvalSettings
 from lkv.commands.signals import exit_on_sigterm
 from lkv.core.chat import template_reads_variables
+from lkv.eval.prompt_settings import Setting
 from lkv.eval.report import REPORT_FILE, write_report
 from lkv.eval.results import RESULTS_FILE, ResultsFile, check_run, unrecorded_keys
 from lkv.eval.runner import Evaluator, run_end_task, run_of
 from lkv.eval.screen import SolvedScreen
 from lkv.eval.shard import Shard
-from lkv.eval.tasks import Benchmark, check_settings
+from lkv.eval.tasks import Benchmark, check_settings, settings_run
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
 from lkv.eviction.presses.restorekv import RestoreKVPress
@@ -57,7 +58,7 @@ def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
     if legacy:
         check_legacy_template(out, tokenizer, run.model)
         check_run(out, run.run_info(), unrecorded=legacy)
-    presses |= model_presses(run, net, tokenizer, module)
+    presses |= model_presses(run, net, tokenizer, module, settings_run(tasks, run.settings))
     evaluator = Evaluator(
         net,
         tokenizer,
@@ -93,11 +94,13 @@ def model_presses(
     net: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     module: LookaheadAdapter | None,
+    settings: Sequence[Setting],
 ) -> dict[str, Press]:
     """The presses of ``run``'s methods that need the loaded model: each lookahead module (``module``, the one
     ``--adapter`` names, and the LoRAs of ``--adapters`` loaded beside it on the same model), the probe (one
     press per probe folder, shared by the methods that fuse it), a RestoreKV module (its ``press_args``' folder;
-    its evictor KVzip, or ``scores: lookaheadkv`` the lookahead module's press) and the Oracle."""
+    its evictor KVzip, or ``scores: lookaheadkv`` the lookahead module's press) and the Oracle. ``settings``:
+    the prompt settings the tasks run in, which a module trained for another one is warned about."""
     probes: dict[Path, ProbePress] = {}
 
     def probe_press(path: str | Path | None) -> ProbePress | None:
@@ -122,7 +125,7 @@ def model_presses(
             else:
                 module_of = module
             warning = setting_warning(
-                method, resolve_adapter(run.folders[method], run.model), module_of, run.settings
+                method, resolve_adapter(run.folders[method], run.model), module_of, settings
             )
             if warning is not None:
                 print(warning, file=sys.stderr)

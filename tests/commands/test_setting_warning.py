@@ -52,3 +52,14 @@ def test_a_module_in_the_other_setting_gets_one_warning_line(folder, tiny_corpus
     assert line.endswith(
         f"{folder} was trained for the agnostic setting (lookahead.json extra.setting) and runs here in the aware setting too"
     )
+
+
+def test_a_ranked_task_runs_its_labels_own_prompt_so_only_aware_counts():
+    """The importance and needle-token tasks score each prompt with its question whatever `settings` says: a
+    run that asks for both settings runs them only aware, and an aware module there gets no warning."""
+    from lkv.eval.tasks import ImportanceTask, settings_run
+
+    ranked = ImportanceTask("labels")
+    assert settings_run([ranked], ("aware", "agnostic")) == ["aware"]
+    assert settings_run([ranked, tiny_needle_task("corpus")], ("agnostic", "aware")) == ["aware", "agnostic"]
+    assert settings_run([tiny_needle_task("corpus")], ("agnostic",)) == ["agnostic"]

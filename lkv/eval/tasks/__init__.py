@@ -6,7 +6,7 @@ config each entry of ``tasks`` is ``{class_path: lkv.eval.tasks.NeedleTask, init
 
 from __future__ import annotations
 
-from lkv.eval.tasks.base import Benchmark, Sample, Task, check_settings, encode_sample
+from lkv.eval.tasks.base import Benchmark, Sample, Task, check_settings, encode_sample, settings_run
 from lkv.eval.tasks.code import CodeCompletionTask
 from lkv.eval.tasks.code_lookup import CodeLookupTask
 from lkv.eval.tasks.fidelity import FidelityTask
@@ -60,6 +60,7 @@ __all__ = [
     "Sample",
     "Task",
     "check_settings",
+    "settings_run",
     "encode_sample",
     "make_task",
 ]

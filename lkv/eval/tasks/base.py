@@ -81,10 +81,21 @@ class Benchmark(ABC):
     metric: str = "score"
     #: the prompt settings it can run in (``lkv eval`` refuses the others before running anything)
     supported_settings: tuple[Setting, ...] = SETTINGS
+    #: the one setting its rows run in whatever the run's settings (a ranked task scores each label's own
+    #: prompt, question included); None: every setting of the run
+    fixed_setting: Setting | None = None
 
     @abstractmethod
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> Iterable[Any]:
         """The benchmark's items in a fixed order (the tokenizer measures lengths in tokens)."""
+
+
+def settings_run(benchmarks: Iterable[Benchmark], settings: Iterable[Setting]) -> list[Setting]:
+    """The prompt settings that rows of ``benchmarks`` are run in when the run asks for ``settings``, in
+    :data:`~lkv.eval.prompt_settings.SETTINGS` order."""
+    settings = list(settings)
+    used = {s for b in benchmarks for s in ([b.fixed_setting] if b.fixed_setting else settings)}
+    return [s for s in SETTINGS if s in used]
 
 
 def check_settings(benchmarks: Iterable[Benchmark], settings: Iterable[str]) -> None:

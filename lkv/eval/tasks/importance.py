@@ -22,6 +22,7 @@ if (
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from lkv.eval.prompt_settings import Setting
     from lkv.model.backbone import ModelSignature
 
 
@@ -46,6 +47,7 @@ class ImportanceTask(Benchmark):
     """
 
     name = "importance"
+    fixed_setting: Setting | None = "aware"
 
     def __init__(
         self, folder: str, budgets: tuple[int, ...] = (64, 128), max_samples: int | None = None

@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # torch loads at run time, so `lkv eval --help` lists this ta
     import torch
     from transformers import PreTrainedTokenizerBase
 
+    from lkv.eval.prompt_settings import Setting
+
 
 def value_positions(sample: Sample, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Prompt positions of the tokens that spell the asked values (``sample.answers``) in the context.
@@ -98,6 +100,7 @@ class NeedleTokenTask(Benchmark):
     """
 
     metric = "value_kept"
+    fixed_setting: Setting | None = "aware"
 
     def __init__(self, needles: NeedleFamilyTask | GeneraliseTask) -> None:
         self.needles = needles
