@@ -38,6 +38,12 @@ def run_eval(tasks: list[Benchmark], run: EvalSettings) -> str:
     """Evaluate ``tasks`` with ``run``'s checked options (:func:`lkv.commands.eval.evaluate` gives each); returns
     the verb's closing line."""
     check_settings(tasks, run.settings)  # before the model loads
+    for method, own in run.replaced_probes.items():
+        # --probe is one probe for the whole run: a second seed's module would fuse the first seed's probe
+        print(
+            f"lkv eval: warning: {method} fuses --probe {run.probe}, not its folder's own probe {own}",
+            file=sys.stderr,
+        )
     screen = None if run.only_solved is None else solved_screen(tasks, run)
     out = Path(run.output)
     # a folder from before run.json recorded the template's variables: compared once the tokenizer is loaded

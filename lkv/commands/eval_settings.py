@@ -43,7 +43,8 @@ class EvalSettings:
     methods, lower-cased, each once, then ``lookaheadkv:<name>`` per ``adapters`` entry, then the ``variants``),
     :attr:`checked_budgets`,
     each lookahead module's settings (:attr:`module_settings`, from ``press_args`` and its folder) and probe
-    (:attr:`module_probes`), and :attr:`recorded_press_args` (``press_args`` with every module's full settings,
+    (:attr:`module_probes`; :attr:`replaced_probes`: the modules whose folder's own ``probe/`` ``--probe``
+    replaces), and :attr:`recorded_press_args` (``press_args`` with every module's full settings,
     as ``run.json`` records them).
     """
 
@@ -75,6 +76,7 @@ class EvalSettings:
     checked_budgets: list[Budget] = field(init=False)
     module_settings: dict[str, LookaheadKVSettings] = field(init=False)
     module_probes: dict[str, str | Path | None] = field(init=False)
+    replaced_probes: dict[str, Path] = field(init=False)
     recorded_press_args: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -198,6 +200,7 @@ class EvalSettings:
         press_args = dict(self.press_args or {})
         settings: dict[str, LookaheadKVSettings] = {}
         probes: dict[str, str | Path | None] = {}
+        replaced: dict[str, Path] = {}
         for method in (m for m in self.methods_run if adapter_method(m)):
             defaults = folder_defaults(self.folders[method])
             try:
@@ -207,6 +210,13 @@ class EvalSettings:
             probes[method] = defaults.probe_for(
                 settings[method], self.probe, f"{method} ({self.folders[method]})"
             )
+            own = defaults.probe
+            if (
+                probes[method] is not None
+                and own is not None
+                and Path(probes[method]).resolve() != own.resolve()
+            ):
+                replaced[method] = own
             # run.json records every module's settings, the default's too: rows scored with others are not resumed
             press_args[method] = settings[method].record()
         fused = [m for m, s in settings.items() if s.needs_probe]
@@ -218,6 +228,7 @@ class EvalSettings:
             )
         self._set("module_settings", settings)
         self._set("module_probes", probes)
+        self._set("replaced_probes", replaced)
         self._set("recorded_press_args", press_args)
 
     def training_free_presses(self) -> dict[str, Press]:

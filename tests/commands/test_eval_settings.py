@@ -102,3 +102,26 @@ def test_restorekv_selects_with_the_lookahead_module_only_beside_it(tmp_path):
         **defaults(methods=("restorekv",), press_args={"restorekv": {**args["restorekv"], "scores": "kvzip"}})
     )
     assert run.recorded_press_args["restorekv"]["scores"] == "kvzip"
+
+
+def test_a_probe_given_for_the_run_is_reported_where_it_replaces_a_modules_own(tmp_path):
+    """`--probe` is one probe for the whole run; a module whose folder holds another probe/ fuses it instead,
+    which `replaced_probes` names (lkv eval warns), and a folder's own probe given again is no replacement."""
+    folders = {}
+    for name in ("s0", "s1"):
+        folder = tmp_path / name
+        (folder / "probe").mkdir(parents=True)
+        (folder / "lookahead.json").write_text('{"extra": {"preset": "long"}}')
+        folders[name] = folder
+    run = EvalSettings(
+        **defaults(
+            methods=("lookaheadkv", "probe"),
+            adapter=str(folders["s0"]),
+            adapters={"s1": str(folders["s1"])},
+            probe=str(folders["s0"] / "probe"),
+        )
+    )
+    assert run.replaced_probes == {"lookaheadkv:s1": folders["s1"] / "probe"}
+    assert run.module_probes["lookaheadkv:s1"] == str(folders["s0"] / "probe")
+    alone = EvalSettings(**defaults(methods=("lookaheadkv",), adapter=str(folders["s1"])))
+    assert alone.replaced_probes == {} and alone.module_probes["lookaheadkv"] == folders["s1"] / "probe"

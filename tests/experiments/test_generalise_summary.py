@@ -167,6 +167,7 @@ def test_summary_json_matches_the_committed_rows():
     folders = [
         ResultsFile(study / "results" / "dev" / "results.jsonl").rows,
         summary.renamed(ResultsFile(study / "results" / "dev_mix" / "results.jsonl").rows, "mix"),
+        summary.renamed(ResultsFile(study / "results" / "full" / "results.jsonl").rows, "full"),
     ]
     methods = {entry["seed"]: entry["method"] for entry in figures}
     assert len(methods) >= 2, "the preset's figures are per seed, two seeds at least"
