@@ -25,7 +25,11 @@ def run_importance(setup: EvalSetup, task: ImportanceTask) -> None:
     )  # lazily: each holds a (layers, kv_heads, S) target
     bar = Progress(f"lkv eval: {task.name}", setup.shard.size(len(task)), "prompts", setup.progress)
     for label in bar.track(labels):
-        todo = [m for m in methods if (task.name, label.id, m, NO_BUDGET, "aware") not in setup.results.done]
+        todo = [
+            m
+            for m in methods
+            if (task.name, label.id, m, NO_BUDGET, task.fixed_setting) not in setup.results.done
+        ]
         if not todo:
             continue
         ids = torch.tensor([label.prompt_ids], device=setup.full.device)
@@ -46,7 +50,7 @@ def run_importance(setup: EvalSetup, task: ImportanceTask) -> None:
                     sample=label.id,
                     method=method,
                     budget=NO_BUDGET,
-                    setting="aware",
+                    setting=task.fixed_setting,
                     score=metrics[task.metric],
                     metrics=metrics,
                     prompt_tokens=len(label.prompt_ids),

@@ -27,7 +27,7 @@ def run_needle_tokens(setup: EvalSetup, task: NeedleTokenTask) -> None:
             (m, b)
             for m in methods
             for b in setup.budgets
-            if (task.name, sample.id, m, budget_key(b), "aware") not in setup.results.done
+            if (task.name, sample.id, m, budget_key(b), task.fixed_setting) not in setup.results.done
         ]
         if not todo:
             continue
@@ -63,7 +63,7 @@ def run_needle_tokens(setup: EvalSetup, task: NeedleTokenTask) -> None:
                     sample=sample.id,
                     method=method,
                     budget=budget_key(budget),
-                    setting="aware",
+                    setting=task.fixed_setting,
                     score=metrics[task.metric],
                     metrics=metrics,
                     per_head=[round(v, 4) for v in share.flatten().tolist()],
