@@ -28,7 +28,7 @@ from transformers import (
 import lkv.train.module
 from lkv.core.generation import eos_ids
 from lkv.eval.tasks import NeedleTask
-from lkv.labels.labeller import label_prompt, label_questions, make_meta
+from lkv.labels.labeller import Label, label_prompt, label_questions, make_meta
 from lkv.labels.predict import label_setting
 from lkv.labels.shards import ShardWriter
 from lkv.model.backbone import model_signature
@@ -232,9 +232,12 @@ def make_label_folder(
     seed: int = 0,
     shard_size: int = 3,
     questions: int = 0,
+    copied: bool = False,
 ) -> Path:
     """Label ``num`` random prompts of 20..(20+3·num) tokens with 5-token responses; with ``questions`` k > 0,
-    agnostic labels of those prompts as contexts, each asked k random 4-token questions (union of them)."""
+    agnostic labels of those prompts as contexts, each asked k random 4-token questions (union of them); with
+    ``copied``, responses that copy prompt tokens 4..9 verbatim, without scores (the ground truth is online)."""
+    store_scores = store_scores and not copied
     meta = make_meta(
         model_signature(model, tokenizer, "tiny").to_dict(),
         response_tokens=5,
@@ -255,6 +258,8 @@ def make_label_folder(
                 for _ in range(questions)
             ]
             label = label_questions(model, ids, asked, 5, eos_ids(model, tokenizer))
+        elif copied:
+            label = Label(ids[4:10], None)
         else:
             label = label_prompt(model, ids, 5, eos_ids(model, tokenizer), store_scores)
         writer.add(id=f"s{seed}-{i}", prompt_ids=ids, response_ids=label.response_ids, scores=label.scores)
@@ -283,7 +288,8 @@ def tiny_backbone(monkeypatch):
 
 @pytest.fixture(scope="module")
 def label_folders(tmp_path_factory) -> dict[str, Path]:
-    """Tiny-Llama label folders: ``train`` (6), ``val`` (2), ``online`` (= ``val`` without scores), ``qwen``."""
+    """Tiny-Llama label folders: ``train`` (6), ``val`` (2), ``online`` (= ``val`` without scores), ``qwen``,
+    ``copied`` (6, responses copying a prompt run)."""
     root = tmp_path_factory.mktemp("labels")
     model, tokenizer = build_tiny_model("llama")
     qwen, qwen_tokenizer = build_tiny_model("qwen")
@@ -292,6 +298,7 @@ def label_folders(tmp_path_factory) -> dict[str, Path]:
         "val": make_label_folder(model, tokenizer, root / "val", num=2, seed=1),
         "online": make_label_folder(model, tokenizer, root / "online", num=2, seed=1, store_scores=False),
         "qwen": make_label_folder(qwen, qwen_tokenizer, root / "qwen", num=1),
+        "copied": make_label_folder(model, tokenizer, root / "copied", num=6, copied=True),
     }
 
 

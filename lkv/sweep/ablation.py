@@ -2,10 +2,10 @@
 
 The frozen prefill is the expensive part of the two-phase step and the same for every lookahead module, so a
 grid over ``num_lookahead``, ``lora_targets``, ``lookahead_init``, ... (the settings of
-:meth:`LookaheadAdapter.create`), ``seed`` or ``max_position_offset`` (the training step's position-offset
-augmentation) need not be one fit per point (``lkv sweep``). :class:`LookaheadAblation`
-builds one *sibling* module per grid point beside the LightningModule's own, on the same frozen model: its own
-embeddings, its own LoRA (a named peft adapter), its own AdamW and learning-rate schedule, built by the main
+:meth:`LookaheadAdapter.create`), ``seed``, ``max_position_offset`` (the training step's position-offset
+augmentation) or the loss's ``topc_loss_*`` and ``copy_boost`` need not be one fit per point (``lkv sweep``).
+:class:`LookaheadAblation` builds one *sibling* module per grid point beside the LightningModule's own, on the
+same frozen model: its own embeddings, its own LoRA (a named peft adapter), its own AdamW and learning-rate schedule, built by the main
 module's :meth:`~lkv.train.module.LookaheadKVModule.optimizer_for` (same settings). The main module shares each
 sample's prefill (:class:`~lkv.train.base.SharedPrefill`); after the main step every sibling runs its own
 lookahead step on that cache and steps its optimiser whenever the main one does (gradient accumulation,
@@ -49,7 +49,7 @@ from lkv.train.module import LookaheadKVModule, adapter_settings, draw_position_
 from lkv.train.optim import clip_gradients
 
 # Module settings a grid may vary: the arguments of `LookaheadAdapter.create` and the training step's position
-# offset and loss; the optimiser is the main one's.
+# offset and loss (its top-C term and copy boost); the optimiser is the main one's.
 ABLATION_KEYS = (
     "num_lookahead",
     "lookahead_init",
@@ -61,6 +61,7 @@ ABLATION_KEYS = (
     "max_position_offset",
     "topc_loss_weight",
     "topc_loss_budget",
+    "copy_boost",
 )
 PREFIX = "ablation"
 # A GradScaler would have to scale every sibling's loss too.
@@ -223,7 +224,7 @@ class LookaheadAblation(L.Callback):
                         index,
                     )
                     pred = point.adapter.predict(p.cache, p.prompt_len, p.position_offset + offset)[0]
-                    losses.append(training_loss(p.target, pred, point.settings).mean())
+                    losses.append(training_loss(p.target, pred, point.settings, batch[index]).mean())
                 loss = torch.stack(losses).mean()
             # Lightning divides the main loss by the accumulation window the same way.
             (loss / trainer.accumulate_grad_batches).backward()

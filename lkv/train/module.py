@@ -48,6 +48,7 @@ from lkv.core.metrics import importance_loss, ranking_metrics
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.lookahead import LookaheadAdapter
 from lkv.train.base import ImportanceModule
+from lkv.train.copy_target import copied_positions, copy_boosted
 from lkv.train.datamodule import Sample
 from lkv.train.optim import OptimSettings, ParamGroup, as_settings
 from lkv.train.probe_head import ProbeSettings, build_probe, probe_loss
@@ -90,9 +91,15 @@ def adapter_settings(hparams: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def training_loss(target: torch.Tensor, pred: torch.Tensor, hparams: Mapping[str, Any]) -> torch.Tensor:
-    """Per-row training loss ``(..., S) → (...)`` of a module's hyper-parameters (the KL, plus the top-``C``
-    term when ``topc_loss_weight`` > 0); sibling modules of an in-run ablation use it with their own."""
+def training_loss(
+    target: torch.Tensor, pred: torch.Tensor, hparams: Mapping[str, Any], sample: Sample
+) -> torch.Tensor:
+    """Per-row training loss ``(layers, kv_heads, S) → (layers, kv_heads)`` of a module's hyper-parameters on
+    ``sample`` (the KL to s_GT, copy-boosted when ``copy_boost`` > 0, plus the top-``C`` term when
+    ``topc_loss_weight`` > 0); sibling modules of an in-run ablation use it with their own."""
+    if hparams["copy_boost"] > 0:
+        copied = copied_positions(sample["prompt_ids"], sample["response_ids"])
+        target = copy_boosted(target, copied, hparams["copy_boost"])
     return importance_loss(target, pred, hparams["topc_loss_weight"], hparams["topc_loss_budget"])
 
 
@@ -126,6 +133,10 @@ class LookaheadKVModule(ImportanceModule):
         topc_loss_weight, topc_loss_budget: the weight of a top-``C`` term added to the KL
             (:func:`lkv.core.metrics.importance_loss`: ``−log`` of the predicted mass on the true top-``C``
             positions of each (layer, KV head)); 0 = the paper's KL alone.
+        copy_boost: share of each (layer, KV head) row of the training target moved, equally per token, onto the
+            prompt tokens the response copies (:mod:`lkv.train.copy_target`), so every head learns to keep a
+            copied value and not only the key phrase before it; 0 = s_GT as labelled. Validation metrics
+            always score against s_GT itself.
         probe: a per-token probe to train beside the module on the same prefill
             (:class:`~lkv.train.probe_head.ProbeSettings`); ``None`` (default): the module alone.
     """
@@ -152,6 +163,7 @@ class LookaheadKVModule(ImportanceModule):
         max_position_gap: int = 0,
         topc_loss_weight: float = 0.0,
         topc_loss_budget: int = 64,
+        copy_boost: float = 0.0,
         probe: ProbeSettings | None = None,
     ) -> None:
         super().__init__(eval_budgets, optim)
@@ -162,6 +174,8 @@ class LookaheadKVModule(ImportanceModule):
                 f"model.topc_loss_weight must be ≥ 0 and model.topc_loss_budget positive, found "
                 f"{topc_loss_weight} and {topc_loss_budget}"
             )
+        if not 0 <= copy_boost < 1:
+            raise ValueError(f"model.copy_boost: expected a share in [0, 1), found {copy_boost}")
         if max_position_offset < 0 or max_position_gap < 0:
             raise ValueError(
                 f"model.max_position_offset and model.max_position_gap: expected ≥ 0 positions, found "
@@ -235,7 +249,7 @@ class LookaheadKVModule(ImportanceModule):
 
     def loss(self, sample: Sample, scores: dict[str, torch.Tensor]) -> torch.Tensor:
         """One sample's training loss: :func:`training_loss` (the KL, plus the top-``C`` term when weighted)."""
-        return training_loss(scores["target"], scores["pred"], self.hparams).mean()
+        return training_loss(scores["target"], scores["pred"], self.hparams, sample).mean()
 
     def side_losses(self, sample: Sample, scores: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """With a probe, ``probe_loss``: its loss on the same sample (:func:`lkv.train.probe_head.probe_loss`)."""

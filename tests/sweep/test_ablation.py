@@ -273,6 +273,21 @@ def test_a_training_step_setting_sibling_equals_its_separate_fit(
     assert (main - variant).abs().max() > 1e-4
 
 
+def test_a_copy_boost_sibling_equals_its_separate_fit_on_responses_that_copy(
+    tiny_backbone, label_folders, tmp_path
+):
+    """``copy_boost`` reads each sample's prompt and response: the sibling gets the batch's own samples (its loss
+    differs from the main module's where responses copy a prompt run, as in the ``copied`` folder)."""
+    folders = {"train": label_folders["copied"], "val": label_folders["val"]}
+    fit(tmp_path / "alone", folders, max_steps=4, copy_boost=0.5)
+    fit(tmp_path / "grid", folders, max_steps=4, ablation=ablation(tmp_path / "grid", {"copy_boost": [0.5]}))
+    got = scalars(tmp_path / "grid")
+    assert_siblings_match_separate_fits(got, {"copy_boost=0.5": scalars(tmp_path / "alone")})
+    main = torch.tensor([v for _, v in got["train/loss"]])
+    variant = torch.tensor([v for _, v in got["ablation/copy_boost=0.5/train/loss"]])
+    assert (main - variant).abs().max() > 1e-4
+
+
 def test_siblings_train_on_the_main_modules_gapped_prefill(tiny_backbone, label_folders, tmp_path):
     """With a position gap the shared prefill is gapped: a sibling (here M = 6) trains as a fit of that variant
     with the same gap draws (same seed) alone."""
