@@ -2,12 +2,12 @@
 # The analysis experiments/preregistered/PLAN.md fixes, on the two seed folders once both are complete:
 #   experiments/preregistered/analyse.sh
 # writes into experiments/preregistered/results/:
-#   summary.md   - analysis 1 and 2: per method, budget and cell, kept / FullKV-solved with Wilson 95 %, by source
-#                  group x bin, source, kind side, kind, bin and distance band (each method paired with the Oracle);
-#   pairs_s0.md, pairs_s1.md - analysis 3, per seed, never pooled: long against the Oracle, pooled, paper, the probe
-#                  and each training-free method (exact McNemar, 95 % interval of the paired difference);
-#   seeds.md     - analysis 3's last test: the two seeds' long against each other;
-#   targets.md   - the targets, per seed, met or missed (targets.py).
+#   summary.md - analysis 1 and 2: per method, budget and cell, kept / FullKV-solved with Wilson 95 %, by source
+#                group x bin, source, kind side, kind, bin and distance band (each method paired with the Oracle);
+#                then analysis 3, per seed and never pooled: `long` against the Oracle, `pooled`, `paper`, the
+#                probe and each training-free method, and the two seeds' `long` against each other (exact
+#                McNemar, 95 % interval of the paired difference);
+#   targets.md - the targets, per seed, met or missed (targets.py).
 # Seed 1's folder is read as FOLDER@s1, so its methods are named <method>@s1; FullKV must agree between the folders.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,18 +15,15 @@ python=${PYTHON:-python}
 here=experiments/preregistered
 out=${RESULTS:-$here/results}   # RESULTS: another folder holding eval_s0 and eval_s1 (the tests)
 folders=("$out/eval_s0" "$out/eval_s1@s1")
-summary() { "$python" experiments/generalise/summary.py "${folders[@]}" "$@"; }
-free=(snapkv pyramidkv keydiff expected_attention)
-
-summary --reference oracle > "$out/summary.md"
 pairs=()
-for m in oracle lookaheadkv:pooled_s0 lookaheadkv:paper_s0 probe "${free[@]}"; do pairs+=(--pair "lookaheadkv=$m"); done
-summary --reference oracle "${pairs[@]}" > "$out/pairs_s0.md"
-pairs=()
-for m in oracle lookaheadkv:pooled_s1@s1 lookaheadkv:paper_s1@s1 probe@s1 "${free[@]}"; do
+for m in oracle lookaheadkv:pooled_s0 lookaheadkv:paper_s0 probe snapkv pyramidkv keydiff expected_attention; do
+  pairs+=(--pair "lookaheadkv=$m")
+done
+for m in oracle lookaheadkv:pooled_s1@s1 lookaheadkv:paper_s1@s1 probe@s1 snapkv pyramidkv keydiff \
+  expected_attention; do
   pairs+=(--pair "lookaheadkv@s1=$m")
 done
-summary --reference oracle "${pairs[@]}" > "$out/pairs_s1.md"
-summary --reference oracle --pair lookaheadkv=lookaheadkv@s1 > "$out/seeds.md"
+pairs+=(--pair lookaheadkv=lookaheadkv@s1)
+"$python" experiments/generalise/summary.py "${folders[@]}" --reference oracle "${pairs[@]}" > "$out/summary.md"
 "$python" $here/targets.py "${folders[@]}" \
   --seed 0=lookaheadkv,lookaheadkv:pooled_s0 --seed 1=lookaheadkv@s1,lookaheadkv:pooled_s1@s1 > "$out/targets.md"
