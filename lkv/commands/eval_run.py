@@ -139,7 +139,7 @@ def model_presses(
                 module_of, probe_press(run.module_probes[method]), run.module_settings[method], tokenizer
             )
         elif roles.requires == "probe":
-            presses[method] = probe_press(run.probe)
+            presses[method] = probe_press(run.probe_folders[method])
         elif roles.role == "upper bound":
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
     for method in run.methods_run:  # after the lookahead module's press, which may select for it

@@ -44,8 +44,9 @@ class EvalSettings:
     :attr:`checked_budgets`,
     each lookahead module's settings (:attr:`module_settings`, from ``press_args`` and its folder) and probe
     (:attr:`module_probes`; :attr:`replaced_probes`: the modules whose folder's own ``probe/`` ``--probe``
-    replaces), and :attr:`recorded_press_args` (``press_args`` with every module's full settings,
-    as ``run.json`` records them).
+    replaces), each probe method's folder (:attr:`probe_folders`: its ``press_args`` ``folder``, else
+    ``--probe``), and :attr:`recorded_press_args` (``press_args`` with every module's full settings and each
+    probe folder's fingerprint, as ``run.json`` records them).
     """
 
     methods: tuple[str, ...]
@@ -77,6 +78,7 @@ class EvalSettings:
     module_settings: dict[str, LookaheadKVSettings] = field(init=False)
     module_probes: dict[str, str | Path | None] = field(init=False)
     replaced_probes: dict[str, Path] = field(init=False)
+    probe_folders: dict[str, str] = field(init=False)
     recorded_press_args: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -142,7 +144,7 @@ class EvalSettings:
 
     def _check_variants(self, variants: list[str], methods: list[str]) -> None:
         """Each of ``variants`` is ``<method>:<name>`` of a registered method that takes settings (not a lookahead
-        module: ``adapters`` adds those), named apart from ``methods``."""
+        module: ``adapters`` adds those; a probe's is its folder), named apart from ``methods``."""
         for variant in variants:
             method, _, name = variant.partition(":")
             if method not in METHODS or not name or not all(c.isalnum() or c in "_-." for c in name):
@@ -151,7 +153,7 @@ class EvalSettings:
                     f"digits, '_', '-' or '.'), found {variant!r}"
                 )
             roles = roles_of(method)
-            if roles.role != "method" or roles.requires in ("adapter", "probe"):
+            if roles.role != "method" or roles.requires == "adapter":
                 raise ValueError(
                     f"--variants: {variant!r}: {method} takes no settings of its own here"
                     + (
@@ -166,15 +168,13 @@ class EvalSettings:
     def _check_press_args(self) -> None:
         """Every ``press_args`` entry names an evaluated method that takes settings, with keys it knows."""
         press_args = self.press_args or {}
-        # the reference keeps everything, the upper bound is scored from its answer, a probe's settings are its own
-        takes_settings = {
-            m for m in self.methods_run if roles_of(m).role == "method" and roles_of(m).requires != "probe"
-        }
+        # the reference keeps everything, the upper bound is scored from its answer
+        takes_settings = {m for m in self.methods_run if roles_of(m).role == "method"}
         unused = sorted(set(press_args) - takes_settings)
         if unused:
             raise ValueError(
-                f"press_args given for {unused}: only evaluated methods other than fullkv, oracle (scored from the "
-                "FullKV answer) and probe (settings come from its folder) take settings"
+                f"press_args given for {unused}: only evaluated methods other than fullkv and oracle (scored from "
+                "the FullKV answer) take settings"
             )
         for method, own in press_args.items():
             check_press_args(method, own)
@@ -219,17 +219,42 @@ class EvalSettings:
                 replaced[method] = own
             # run.json records every module's settings, the default's too: rows scored with others are not resumed
             press_args[method] = settings[method].record()
+        folders = self._probe_folders(press_args)
         fused = [m for m, s in settings.items() if s.needs_probe]
-        wants_probe = PROBE_METHOD in self.methods_run
-        if wants_probe != (self.probe is not None) and not (fused and not wants_probe):
+        reads_run_probe = any(folder == self.probe for folder in folders.values()) or bool(fused)
+        if self.probe is not None and not reads_run_probe:
             raise ValueError(
-                f"--probe is required by the {PROBE_METHOD} method, used by lookahead modules whose settings fuse "
-                "a probe (probe_weight > 0; default: their folder's probe/), and by nothing else"
+                f"--probe is required by the {PROBE_METHOD} method (unless its press_args name a folder), used by "
+                "lookahead modules whose settings fuse a probe (probe_weight > 0; default: their folder's probe/), "
+                "and by nothing else"
             )
+        for method in set(folders) & set(press_args):  # --probe's fingerprint is run.json's "probe"
+            press_args[method] = {"folder": folders[method], "fingerprint": fingerprint(folders[method])}
+        self._set("probe_folders", folders)
         self._set("module_settings", settings)
         self._set("module_probes", probes)
         self._set("replaced_probes", replaced)
         self._set("recorded_press_args", press_args)
+
+    def _probe_folders(self, press_args: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """Each probe method's folder: its ``press_args`` ``folder``, else (``probe`` itself) ``--probe``;
+        a ``press_args`` folder is checked to exist before any model loads."""
+        folders = {}
+        for method in (m for m in self.methods_run if roles_of(m).requires == "probe"):
+            folder = press_args.get(method, {}).get("folder")
+            if folder is not None and not Path(folder).exists():
+                raise ValueError(f"press_args for {method}: folder: no probe at {folder}")
+            if folder is None and method != PROBE_METHOD:
+                raise ValueError(
+                    f"press_args for {method}: give its probe folder, e.g. {{{method}: {{folder: PATH}}}}"
+                )
+            folder = folder if folder is not None else self.probe
+            if folder is None:
+                raise ValueError(
+                    f"--probe is required by the {PROBE_METHOD} method unless its press_args name a folder"
+                )
+            folders[method] = str(folder)
+        return folders
 
     def training_free_presses(self) -> dict[str, Press]:
         """FullKV's and the training-free methods' presses: they need no model, so a bad setting (a negative

@@ -254,8 +254,8 @@ def copy_adapter_free(source: Path, target: Path, keep_probe: bool = True) -> in
     }
     if not keep_probe:
         info["probe"] = None
-    # the lookahead modules' settings go with their rows
-    info[PRESS_ARGS] = {m: a for m, a in (info.get(PRESS_ARGS) or {}).items() if not adapter_method(m)}
+    # the lookahead modules' settings go with their rows, and so do the probes' folders when their rows do
+    info[PRESS_ARGS] = {m: a for m, a in (info.get(PRESS_ARGS) or {}).items() if model_free(m)}
     target.mkdir(parents=True)
     (target / RUN_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
     with (target / RESULTS_FILE).open("w", encoding="utf-8") as out:

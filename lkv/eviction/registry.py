@@ -116,7 +116,7 @@ _REGISTERED = (
         "prefill",
         "a per-token probe (KVzap-style) on each layer's hidden states, trained on the same labels",
         default=False,
-        needs="a probe (`--probe`)",
+        needs="a probe (`--probe`, or its own folder: `press_args: {probe: {folder: ...}}`)",
         roles=Roles(requires="probe"),
     ),
     Method(
@@ -219,6 +219,9 @@ ADAPTER_METHOD = _only(requires="adapter")
 """The method of a trained lookahead module (``lookaheadkv``); ``lookaheadkv:<name>`` names another module."""
 PROBE_METHOD = _only(requires="probe")
 """The method of a trained per-token probe (``probe``)."""
+PROBE_SETTINGS = ("folder",)
+"""What ``press_args`` may give a probe method: its folder (``probe:<name>`` variants each their own; ``probe``
+defaults to ``--probe``)."""
 RESTORE_METHOD = _only(requires="restore")
 """The method of a trained RestoreKV module (``restorekv``), built on the loaded model from ``press_args``."""
 
@@ -250,8 +253,8 @@ def press_arg_names(name: str) -> tuple[str, ...]:
     """The keys ``press_args`` may give the method evaluated as ``name`` (``<name>:<module>`` too): a trained
     lookahead module's settings (:data:`~lkv.eviction.presses.lookahead_settings.KEYS`: its press's other
     arguments are the module, the probe and the tokenizer), a RestoreKV module's
-    (:data:`~lkv.eviction.presses.restorekv.RESTORE_SETTINGS`: its folder and KVzip's chunks), else the keyword
-    arguments of the method's build."""
+    (:data:`~lkv.eviction.presses.restorekv.RESTORE_SETTINGS`: its folder and KVzip's chunks), a probe's
+    (:data:`PROBE_SETTINGS`: its folder), else the keyword arguments of the method's build."""
     method = _registered(name)
     if method is None:
         raise ValueError(f"unknown eviction method {name!r}; choose one of {', '.join(METHODS)}")
@@ -259,6 +262,8 @@ def press_arg_names(name: str) -> tuple[str, ...]:
         return LOOKAHEAD_KEYS
     if method.roles.requires == "restore":
         return RESTORE_SETTINGS
+    if method.roles.requires == "probe":
+        return PROBE_SETTINGS
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     return tuple(p.name for p in inspect.signature(method.build).parameters.values() if p.kind in kinds)
 

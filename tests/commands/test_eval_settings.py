@@ -8,6 +8,7 @@ import pytest
 from lkv.commands.eval import evaluate
 from lkv.commands.eval_settings import EvalSettings
 from lkv.core.budget import Budget
+from lkv.eval.results import fingerprint
 
 
 def defaults(**changes) -> dict:
@@ -51,7 +52,19 @@ def test_derived_fields_follow_from_the_options():
         ({"variants": ("snapkv:a b",)}, "--variants: expected <method>:<name>"),
         ({"variants": ("lookaheadkv:b",)}, "lookaheadkv takes no settings of its own here .*--adapters"),
         ({"variants": ("oracle:b",)}, "'oracle:b': oracle takes no settings of its own here"),
-        ({"variants": ("probe:b",)}, "'probe:b': probe takes no settings of its own here"),
+        (
+            {"variants": ("probe:b",)},
+            r"press_args for probe:b: give its probe folder, e.g. \{probe:b: \{folder",
+        ),
+        (
+            {"methods": ("probe",), "press_args": {"probe": {"folder": "/nowhere"}}},
+            "probe: folder: no probe at /nowhere",
+        ),
+        (
+            {"methods": ("probe",), "press_args": {"probe": {"window": 3}}},
+            "unknown key window; probe takes folder",
+        ),
+        ({"probe": "x"}, "--probe is required by the probe method .* and by nothing else"),
         (
             {"variants": ("h2o-decode:b",), "head_budget": "adaptive"},
             r"decode-time methods \['h2o-decode:b'\]",
@@ -125,3 +138,22 @@ def test_a_probe_given_for_the_run_is_reported_where_it_replaces_a_modules_own(t
     assert run.module_probes["lookaheadkv:s1"] == str(folders["s0"] / "probe")
     alone = EvalSettings(**defaults(methods=("lookaheadkv",), adapter=str(folders["s1"])))
     assert alone.replaced_probes == {} and alone.module_probes["lookaheadkv"] == folders["s1"] / "probe"
+
+
+def test_a_probe_variant_takes_its_folder_and_probe_defaults_to_the_runs(tmp_path):
+    """``probe`` reads ``--probe`` unless its press_args name a folder; each ``probe:<name>`` names its own, recorded
+    with its fingerprint (``--probe``'s is run.json's ``probe`` already)."""
+    for name in ("p0", "p1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "probe.json").write_text(name)
+    p0, p1 = str(tmp_path / "p0"), str(tmp_path / "p1")
+    run = EvalSettings(
+        **defaults(
+            methods=("probe",), variants=("probe:s1",), probe=p0, press_args={"probe:s1": {"folder": p1}}
+        )
+    )
+    assert run.methods_run == ["probe", "probe:s1"]
+    assert run.probe_folders == {"probe": p0, "probe:s1": p1}
+    assert run.recorded_press_args == {"probe:s1": {"folder": p1, "fingerprint": fingerprint(p1)}}
+    alone = EvalSettings(**defaults(methods=("probe",), press_args={"probe": {"folder": p1}}))
+    assert alone.probe_folders == {"probe": p1} and alone.run_info()["probe"] is None

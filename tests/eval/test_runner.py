@@ -25,6 +25,7 @@ from lkv.eval.results import (
     budget_order,
     check_run,
     copy_adapter_free,
+    fingerprint,
     parse_budget_key,
 )
 from lkv.eval.run_end_task import EndTaskRun
@@ -820,3 +821,40 @@ def test_the_budget_column_formats_and_parses_back():
     assert sorted(keys, key=budget_order) == ["0.25", "1.0", "64", "128", "full", "-"]
     with pytest.raises(ValueError, match="≥ 1 token per head"):
         parse_budget_key("0")
+
+
+def test_probe_variants_each_score_with_their_own_folder_on_one_prefill(
+    tiny_llama, tiny_corpus, tmp_path, monkeypatch
+):
+    """``probe:<name>`` variants (``press_args: {probe:<name>: {folder: ...}}``) score beside ``probe`` (its folder
+    from ``--probe``) on the same prefill: one press per folder, run.json records each variant's folder and its
+    fingerprint, and a variant on ``--probe``'s folder answers exactly as ``probe`` does."""
+    model, _ = tiny_llama
+    for seed in (0, 1):
+        ImportanceProbe.create(model, hidden_dim=8, seed=seed).save(tmp_path / f"probe{seed}")
+    monkeypatch.setattr(lkv.commands.eval_run, "load_backbone", lambda *a, **k: tiny_llama)
+    loaded, from_folder = [], ProbePress.from_folder
+    monkeypatch.setattr(
+        ProbePress, "from_folder", lambda folder, net: loaded.append(str(folder)) or from_folder(folder, net)
+    )
+    prefills = []
+    monkeypatch.setattr(lkv.eval.prefill, "prefill", lambda *a, **k: prefills.append(1) or prefill(*a, **k))
+    first, second = str(tmp_path / "probe0"), str(tmp_path / "probe1")
+    lkv.commands.eval.evaluate(
+        [tiny_needle_task(tiny_corpus)],
+        methods=("probe",),
+        variants=("probe:s1", "probe:again"),
+        budgets=(8,),
+        settings=("aware",),
+        probe=first,
+        press_args={"probe:s1": {"folder": second}, "probe:again": {"folder": first}},
+        output=str(tmp_path / "out"),
+        progress=False,
+    )
+    rows = {r["method"]: r for r in read_rows(tmp_path / "out") if r["method"] != "fullkv"}
+    assert set(rows) == {"probe", "probe:s1", "probe:again"} and len(prefills) == 1
+    assert sorted(loaded) == [first, second]
+    assert rows["probe:again"]["prediction"] == rows["probe"]["prediction"]
+    recorded = json.loads((tmp_path / "out" / "run.json").read_text())["press_args"]
+    assert recorded["probe:s1"] == {"folder": second, "fingerprint": fingerprint(second)}
+    assert "probe" not in recorded  # --probe's fingerprint is run.json's "probe", as before
