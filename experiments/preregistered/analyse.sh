@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The analysis experiments/preregistered/PLAN.md fixes, on the two seed folders once both are complete:
+# The analysis experiments/preregistered/PLAN.md fixes, on the evaluation's folder once it is complete:
 #   experiments/preregistered/analyse.sh
 # writes into experiments/preregistered/results/:
 #   summary.md - analysis 1 and 2: per method, budget and cell, kept / FullKV-solved with Wilson 95 %, by source
@@ -8,22 +8,20 @@
 #                probe and each training-free method, and the two seeds' `long` against each other (exact
 #                McNemar, 95 % interval of the paired difference);
 #   targets.md - the targets, per seed, met or missed (targets.py).
-# Seed 1's folder is read as FOLDER@s1, so its methods are named <method>@s1; FullKV must agree between the folders.
+# Method names (configs/eval.yaml): seed 0 lookaheadkv (long), lookaheadkv:pooled_s0, lookaheadkv:paper_s0, probe;
+# seed 1 lookaheadkv:s1 (long), lookaheadkv:pooled_s1, lookaheadkv:paper_s1, probe:s1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python=${PYTHON:-python}
 here=experiments/preregistered
-out=${RESULTS:-$here/results}   # RESULTS: another folder holding eval_s0 and eval_s1 (the tests)
-folders=("$out/eval_s0" "$out/eval_s1@s1")
+out=${RESULTS:-$here/results}   # RESULTS: another folder holding eval/ (the tests)
+free=(snapkv pyramidkv keydiff expected_attention)
 pairs=()
-for m in oracle lookaheadkv:pooled_s0 lookaheadkv:paper_s0 probe snapkv pyramidkv keydiff expected_attention; do
-  pairs+=(--pair "lookaheadkv=$m")
+for m in oracle lookaheadkv:pooled_s0 lookaheadkv:paper_s0 probe "${free[@]}"; do pairs+=(--pair "lookaheadkv=$m"); done
+for m in oracle lookaheadkv:pooled_s1 lookaheadkv:paper_s1 probe:s1 "${free[@]}"; do
+  pairs+=(--pair "lookaheadkv:s1=$m")
 done
-for m in oracle lookaheadkv:pooled_s1@s1 lookaheadkv:paper_s1@s1 probe@s1 snapkv pyramidkv keydiff \
-  expected_attention; do
-  pairs+=(--pair "lookaheadkv@s1=$m")
-done
-pairs+=(--pair lookaheadkv=lookaheadkv@s1)
-"$python" experiments/generalise/summary.py "${folders[@]}" --reference oracle "${pairs[@]}" > "$out/summary.md"
-"$python" $here/targets.py "${folders[@]}" \
-  --seed 0=lookaheadkv,lookaheadkv:pooled_s0 --seed 1=lookaheadkv@s1,lookaheadkv:pooled_s1@s1 > "$out/targets.md"
+pairs+=(--pair lookaheadkv=lookaheadkv:s1)
+"$python" experiments/generalise/summary.py "$out/eval" --reference oracle "${pairs[@]}" > "$out/summary.md"
+"$python" $here/targets.py "$out/eval" \
+  --seed 0=lookaheadkv,lookaheadkv:pooled_s0 --seed 1=lookaheadkv:s1,lookaheadkv:pooled_s1 > "$out/targets.md"

@@ -1,8 +1,7 @@
 """The targets of experiments/preregistered/PLAN.md, per seed, each "met" or "missed" with its numbers.
 
-    python experiments/preregistered/targets.py experiments/preregistered/results/eval_s0 \
-        experiments/preregistered/results/eval_s1@s1 \
-        --seed 0=lookaheadkv,lookaheadkv:pooled_s0 --seed 1=lookaheadkv@s1,lookaheadkv:pooled_s1@s1
+    python experiments/preregistered/targets.py experiments/preregistered/results/eval \
+        --seed 0=lookaheadkv,lookaheadkv:pooled_s0 --seed 1=lookaheadkv:s1,lookaheadkv:pooled_s1
 
 Folders merge as in experiments/generalise/summary.py (FOLDER@NAME renames a folder's methods; FullKV must agree).
 Only FullKV-solved needles count. ``--seed SEED=LONG,POOLED`` names a seed's `long` and `pooled` methods; the

@@ -209,8 +209,7 @@ def test_the_experiment_has_both_configs():
         "generalise/user_nodejs",
         "generalise/user_vim",
         "preregistered/screen",
-        "preregistered/eval_s0",
-        "preregistered/eval_s1",
+        "preregistered/eval",
     }
 
 

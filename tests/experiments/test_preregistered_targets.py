@@ -121,25 +121,25 @@ def test_the_table_has_a_column_per_seed(tmp_path, capsys):
     assert out[0] == "| target | seed 0 | seed 1 |" and len(out) == 2 + 5
 
 
-def test_the_committed_analysis_runs_on_two_seed_folders(tmp_path):
-    """analyse.sh (PLAN.md's analysis) on two folders named as the plan's configs name their methods."""
-    seed0 = ("oracle", "lookaheadkv", "lookaheadkv:pooled_s0", "lookaheadkv:paper_s0", "probe")
-    seed0 += ("snapkv", "pyramidkv", "keydiff", "expected_attention")
-    seed1 = ("lookaheadkv", "lookaheadkv:pooled_s1", "lookaheadkv:paper_s1", "probe")
-    for folder, methods in (("eval_s0", seed0), ("eval_s1", seed1)):
-        data = rows(6, 4, {(m, b, "far"): 3 for m in methods for b in ("128", "256")}, methods)
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+def test_the_committed_analysis_runs_on_the_evaluations_folder(tmp_path):
+    """analyse.sh (PLAN.md's analysis) on a folder whose methods are named as configs/eval.yaml names them."""
+    methods = ("oracle", "snapkv", "pyramidkv", "keydiff", "expected_attention")
+    for seed in ("s0", "s1"):
+        long = "lookaheadkv" if seed == "s0" else "lookaheadkv:s1"
+        methods += (long, f"lookaheadkv:pooled_{seed}", f"lookaheadkv:paper_{seed}")
+    methods += ("probe", "probe:s1")
+    data = rows(6, 4, {(m, b, "far"): 3 for m in methods for b in ("128", "256")}, methods)
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
     script = SCRIPT.parent / "analyse.sh"
     env = {**os.environ, "RESULTS": str(tmp_path), "PYTHON": sys.executable}
     subprocess.run(["bash", str(script)], check=True, env=env, capture_output=True, text=True)
-    written = sorted(p.name for p in tmp_path.glob("*.md"))
-    assert written == ["summary.md", "targets.md"]
+    assert sorted(p.name for p in tmp_path.glob("*.md")) == ["summary.md", "targets.md"]
     assert (tmp_path / "targets.md").read_text().startswith("| target | seed 0 | seed 1 |")
     summary = (tmp_path / "summary.md").read_text()
     for pair in (
-        "| lookaheadkv@s1 | lookaheadkv:pooled_s1@s1 |",
+        "| lookaheadkv:s1 | probe:s1 |",
         "| lookaheadkv | keydiff |",
-        "| lookaheadkv | lookaheadkv@s1 |",
+        "| lookaheadkv | lookaheadkv:s1 |",
     ):
         assert pair in summary
