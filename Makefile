@@ -36,11 +36,15 @@ $(eval $(call lkv_env,$(VENV),requirements/constraints.txt,dev))
 
 install: $(BIN)/.lkv-installed
 
+# Tests run in $(TEST_WORKERS) pytest-xdist workers, one thread each, a test file per worker (its module
+# fixtures are built once); --durations prints the slowest tests, so every CI log shows where its minutes go.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 test: install
-	$(BIN)/python -m pytest -m "slow or not slow" -q
+	$(PYTEST_PARALLEL) -m "slow or not slow" -q --durations=30
 
 test-fast: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST_PARALLEL) -q
 
 # style, then the stage layers of pyproject's import-linter contracts (docs/design.md)
 lint: install
