@@ -8,10 +8,13 @@ import json
 from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lkv.core.budget import Budget
 from lkv.eviction.registry import ADAPTER_METHOD, roles_of
+
+if TYPE_CHECKING:
+    from lkv.eval.tasks.base import Sample
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -133,6 +136,39 @@ class ResultsFile:
             out.write((json.dumps(row) + "\n").encode("utf-8"))
         self.rows.append(row)
         self.done[row_key(row)] = row
+
+
+def check_same_samples(
+    samples: Iterable[Sample], rows: Iterable[dict[str, Any]], task: str, where: str
+) -> None:
+    """Refuse samples of ``task`` that now build other prompts than the ``rows`` with their ids were scored on.
+
+    A sample id names a prompt only as long as its generator and its text are unchanged: a text source that
+    reads this machine's files (Debian changelogs, headers) gives another haystack when those files change,
+    under the same id. Resuming, or screening, on such a sample would mix outcomes of two prompts.
+
+    Raises:
+        ValueError: naming ``where``, how many samples changed, and for the first three their ids and keys.
+    """
+    # as JSON reads it back, like a row's; keys only one side holds are not compared (older rows stay valid)
+    built = {s.id: json.loads(json.dumps(s.meta)) for s in samples}
+    changed: dict[str, set[str]] = {}  # sample id -> the meta keys some row of it holds otherwise
+    for row in rows:
+        meta, recorded = built.get(row.get("sample")) if row.get("task") == task else None, row.get("meta")
+        if meta is not None and isinstance(recorded, dict):
+            keys = {key for key in meta.keys() & recorded.keys() if meta[key] != recorded[key]}
+            if keys:
+                changed.setdefault(row["sample"], set()).update(keys)
+    if changed:
+        shown = "; ".join(
+            f"{sample} (meta differs in: {', '.join(sorted(keys))})"
+            for sample, keys in list(changed.items())[:3]
+        )
+        raise ValueError(
+            f"{where}: {len(changed)} sample(s) of task {task!r} now build other prompts than their rows there "
+            f"were scored on, e.g. {shown}. A text source's files (or the task's generator) changed on this "
+            "machine: give the task's sources the documents the rows used (its `roots`), or use a new folder"
+        )
 
 
 def fingerprint(path: str | Path) -> str:

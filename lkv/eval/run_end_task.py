@@ -16,7 +16,7 @@ from lkv.core.importance import response_importance
 from lkv.core.progress import Progress
 from lkv.eval.batched_decode import AnswerBatches, AnswerRequest, Settled, answer_request, decode_batch
 from lkv.eval.prefill import Prefilled, shared_prefill
-from lkv.eval.results import FULL, ResultRow, budget_key
+from lkv.eval.results import FULL, ResultRow, budget_key, check_same_samples
 from lkv.eval.setup import EvalSetup
 from lkv.eval.tasks import Sample, Task, encode_sample
 from lkv.eval.tasks.metrics import answer_agreement
@@ -44,6 +44,8 @@ class EndTaskRun:
         """Every pending row of ``task``, chunk by chunk (longest prompts first)."""
         units, prompts = [], []
         samples, screen = task.samples(self.setup.tokenizer), self.setup.screen
+        results = self.setup.results
+        check_same_samples(samples, results.rows, task.name, f"lkv eval: {results.path}")
         if screen is not None:
             samples = screen.samples(task.name, samples, self.setup.settings)
         for sample in self.setup.shard.of(samples):

@@ -39,8 +39,9 @@ def task(roots, **kwargs) -> GeneraliseTask:
     return GeneraliseTask(**{**settings, **kwargs})
 
 
-def write_screen(folder: Path, candidates: list, solved: set[str]) -> None:
-    """A FullKV screening run's ``results.jsonl`` in ``folder``: one row per candidate, solved as ``solved`` says."""
+def write_screen(folder: Path, candidates: list, solved: set[str], meta: bool = False) -> None:
+    """A FullKV screening run's ``results.jsonl`` in ``folder``: one row per candidate, solved as ``solved`` says
+    (with each candidate's ``meta``, as `lkv eval` writes it, when ``meta``)."""
     rows = [
         {
             "task": "generalise",
@@ -49,6 +50,7 @@ def write_screen(folder: Path, candidates: list, solved: set[str]) -> None:
             "budget": "full",
             "setting": "aware",
             "score": float(s.id in solved),
+            **({"meta": s.meta} if meta else {}),
         }
         for s in candidates
     ]
@@ -156,6 +158,28 @@ def test_screening_keeps_the_first_candidates_fullkv_solved(source_roots, tiny_t
         task(source_roots, screened_by=str(tmp_path / "nothing")).samples(tiny_tokenizer)
 
 
+def test_a_screen_row_of_another_prompt_under_the_same_id_is_refused(source_roots, tiny_tokenizer, tmp_path):
+    """A source's files changed since the screen: the id now builds another haystack, so its outcome is refused."""
+    candidates = task(source_roots, samples_per_source=2, oversample=2).samples(tiny_tokenizer)
+    write_screen(tmp_path, candidates, {s.id for s in candidates}, meta=True)
+    again = task(source_roots, samples_per_source=2, oversample=2, screened_by=str(tmp_path)).samples(
+        tiny_tokenizer
+    )
+    assert len(again) == 2 * len(source_roots)  # the same prompts: accepted
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    row = json.loads(lines[1])
+    row["meta"]["docs"], row["meta"]["length"] = ["elsewhere/gone.txt"], row["meta"]["length"] + 7
+    (tmp_path / "results.jsonl").write_text("\n".join([lines[0], json.dumps(row), *lines[2:]]) + "\n")
+    with pytest.raises(
+        ValueError,
+        match=rf"screened_by {tmp_path}: 1 sample\(s\) of task 'generalise' now build "
+        rf"other prompts .*{row['sample']} \(meta differs in: docs, length\)",
+    ):
+        task(source_roots, samples_per_source=2, oversample=2, screened_by=str(tmp_path)).samples(
+            tiny_tokenizer
+        )
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -209,6 +233,7 @@ def test_the_experiment_has_both_configs():
         "generalise/user_nodejs",
         "generalise/user_vim",
         "preregistered/screen",
+        "preregistered/screen_extension",
         "preregistered/eval",
     }
 

@@ -106,6 +106,16 @@ def test_runner_writes_reports_and_resumes_without_redoing_rows(
     assert [r["prediction"] for r in redone[-2:]] == [json.loads(line)["prediction"] for line in lines[-2:]]
     assert len({(r["method"], r["budget"], r["setting"]) for r in redone}) == 8
 
+    # A row scored on another prompt under the same id (its haystack's files changed): resuming is refused.
+    lines = (out / "results.jsonl").read_text().splitlines()
+    row = json.loads(lines[0])
+    row["meta"]["depth"] = 0.25
+    (out / "results.jsonl").write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match=r"now build other prompts .* \(meta differs in: depth\)"):
+        Evaluator(model, tokenizer, presses, [8, 16], ["aware", "agnostic"], out, progress=False).run(
+            [tiny_needle_task(tiny_corpus)]
+        )
+
 
 def test_a_method_added_to_a_finished_folder_reuses_the_fullkv_answers(tiny_llama, tiny_corpus, tmp_path):
     """A chunk whose every FullKV answer is already in the folder decodes none again (and has none to stack)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lkv.core.chat import chat_parts
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
@@ -213,7 +213,7 @@ class GeneraliseTask(GeneratedTask):
         self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
-        solved = self._solved() if self.screened_by is not None else None
+        solved, screen_rows = self._screen() if self.screened_by is not None else (None, [])
         out: list[Sample] = []
         for name in self.sources:
             source = make_source(name, self.roots.get(name))
@@ -226,7 +226,12 @@ class GeneraliseTask(GeneratedTask):
             ]
             if solved is None:
                 out.extend(candidates)
-            elif self.bin_caps is None:
+                continue
+            # a screen row counts only for the prompt it was scored on (refused if this one differs)
+            from lkv.eval.results import check_same_samples  # torch, as in _screen
+
+            check_same_samples(candidates, screen_rows, self.name, f"screened_by {self.screened_by}")
+            if self.bin_caps is None:
                 out.extend([s for s in candidates if s.id in solved][: self.samples_per_source])
             else:
                 taken = dict.fromkeys(self.bin_caps, 0)
@@ -237,13 +242,15 @@ class GeneraliseTask(GeneratedTask):
                         out.append(sample)
         return out
 
-    def _solved(self) -> frozenset[str]:
-        """Sample ids FullKV answered right in ``screened_by``."""
+    def _screen(self) -> tuple[frozenset[str], list[dict[str, Any]]]:
+        """Sample ids FullKV answered right in ``screened_by``, and that folder's rows."""
         # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
         from lkv.eval.paired import solved_in
+        from lkv.eval.results import ResultsFile
 
         cell = (self.name, self.screen_setting)
-        return solved_in(self.screened_by, [cell], "screened_by")[1][cell]
+        path, solved = solved_in(self.screened_by, [cell], "screened_by")
+        return solved[cell], ResultsFile(path).rows
 
     def _sample(
         self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
