@@ -8,13 +8,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lkv.core.budget import Budget
 from lkv.eviction.registry import ADAPTER_METHOD, roles_of
-
-if TYPE_CHECKING:
-    from lkv.eval.tasks.base import Sample
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
@@ -139,9 +136,10 @@ class ResultsFile:
 
 
 def check_same_samples(
-    samples: Iterable[Sample], rows: Iterable[dict[str, Any]], task: str, where: str
+    metas: dict[str, dict[str, Any]], rows: Iterable[dict[str, Any]], task: str, where: str
 ) -> None:
-    """Refuse samples of ``task`` that now build other prompts than the ``rows`` with their ids were scored on.
+    """Refuse samples of ``task`` (``metas``: sample id -> its ``meta`` as the task builds it now) that now build
+    other prompts than the ``rows`` with their ids were scored on.
 
     A sample id names a prompt only as long as its generator and its text are unchanged: a text source that
     reads this machine's files (Debian changelogs, headers) gives another haystack when those files change,
@@ -151,7 +149,7 @@ def check_same_samples(
         ValueError: naming ``where``, how many samples changed, and for the first three their ids and keys.
     """
     # as JSON reads it back, like a row's; keys only one side holds are not compared (older rows stay valid)
-    built = {s.id: json.loads(json.dumps(s.meta)) for s in samples}
+    built = {sample: json.loads(json.dumps(meta)) for sample, meta in metas.items()}
     changed: dict[str, set[str]] = {}  # sample id -> the meta keys some row of it holds otherwise
     for row in rows:
         meta, recorded = built.get(row.get("sample")) if row.get("task") == task else None, row.get("meta")

@@ -45,7 +45,9 @@ class EndTaskRun:
         units, prompts = [], []
         samples, screen = task.samples(self.setup.tokenizer), self.setup.screen
         results = self.setup.results
-        check_same_samples(samples, results.rows, task.name, f"lkv eval: {results.path}")
+        check_same_samples(
+            {s.id: s.meta for s in samples}, results.rows, task.name, f"lkv eval: {results.path}"
+        )
         if screen is not None:
             samples = screen.samples(task.name, samples, self.setup.settings)
         for sample in self.setup.shard.of(samples):

@@ -230,7 +230,9 @@ class GeneraliseTask(GeneratedTask):
             # a screen row counts only for the prompt it was scored on (refused if this one differs)
             from lkv.eval.results import check_same_samples  # torch, as in _screen
 
-            check_same_samples(candidates, screen_rows, self.name, f"screened_by {self.screened_by}")
+            check_same_samples(
+                {s.id: s.meta for s in candidates}, screen_rows, self.name, f"screened_by {self.screened_by}"
+            )
             if self.bin_caps is None:
                 out.extend([s for s in candidates if s.id in solved][: self.samples_per_source])
             else:
