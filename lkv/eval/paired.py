@@ -54,9 +54,11 @@ def fullkv_solved(rows: Sequence[dict[str, Any]], task: str, setting: str) -> se
 
 def solved_in(
     folder: str | Path, cells: Iterable[tuple[str, str]], flag: str
-) -> tuple[Path, dict[tuple[str, str], frozenset[str]]]:
-    """The results file of ``folder`` (or that file itself) and, per (task, setting) of ``cells``, the samples
-    FullKV solved there: what a screened run keeps. ``flag`` names the option that asked, in the errors.
+) -> tuple[Path, dict[tuple[str, str], frozenset[str]], list[dict[str, Any]]]:
+    """The results file of ``folder`` (or that file itself); per (task, setting) of ``cells``, the samples
+    FullKV solved there: what a screened run keeps; and that file's rows, whose ``meta`` names the prompt each
+    sample id was scored on (:func:`~lkv.eval.results.check_same_samples`). ``flag`` names the option that
+    asked, in the errors.
 
     Raises:
         FileNotFoundError: no results file there.
@@ -73,7 +75,8 @@ def solved_in(
     missing = [f"{task!r} ({setting})" for task, setting in cells if (task, setting) not in have]
     if missing:
         raise ValueError(f"{flag} {path}: no FullKV row of task {', '.join(missing)} to screen by")
-    return path, {(task, setting): frozenset(fullkv_solved(rows, task, setting)) for task, setting in cells}
+    solved = {(task, setting): frozenset(fullkv_solved(rows, task, setting)) for task, setting in cells}
+    return path, solved, rows
 
 
 def _solved(full: dict[str, float]) -> set[str]:

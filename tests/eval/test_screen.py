@@ -69,3 +69,27 @@ def test_a_screen_without_the_runs_fullkv_rows_is_refused(tiny_corpus, model_fol
     ):
         SolvedScreen.load(tmp_path / "whole", ["other", task], ["aware", "mid"])
     assert SolvedScreen.load(tmp_path / "whole" / RESULTS_FILE, [task], ["aware"]).folder.name == RESULTS_FILE
+
+
+def test_a_screen_scored_on_other_prompts_under_the_same_ids_is_refused(tiny_corpus, model_folder, tmp_path):
+    whole = run(tiny_corpus, model_folder, tmp_path / "whole")
+    fullkv = [r for r in whole if r["method"] == "fullkv"]
+    (tmp_path / "same").mkdir()
+    (tmp_path / "same" / RESULTS_FILE).write_text(
+        "".join(json.dumps({**r, "score": 1.0}) + "\n" for r in fullkv)
+    )
+    assert run(tiny_corpus, model_folder, tmp_path / "kept", only_solved=str(tmp_path / "same"))
+    # the screen scored sample 0 on a prompt with its needle elsewhere: its outcome says nothing of this one
+    moved = fullkv[0]["sample"]
+    assert "depth" in fullkv[0]["meta"]
+    other = [{**r, "meta": {**r["meta"], "depth": -1.0}} if r["sample"] == moved else r for r in fullkv]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / RESULTS_FILE).write_text(
+        "".join(json.dumps({**r, "score": 1.0}) + "\n" for r in other)
+    )
+    where = tmp_path / "other" / RESULTS_FILE
+    with pytest.raises(
+        ValueError, match=rf"--only_solved {where}: 1 sample\(s\) of .*{moved} \(meta differs in: depth"
+    ):
+        run(tiny_corpus, model_folder, tmp_path / "refused", only_solved=str(tmp_path / "other"))
+    assert not ResultsFile(tmp_path / "refused" / RESULTS_FILE).rows  # refused before any row

@@ -213,7 +213,16 @@ class GeneraliseTask(GeneratedTask):
         self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
-        solved, screen_rows = self._screen() if self.screened_by is not None else (None, [])
+        # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
+        from lkv.eval.paired import solved_in
+        from lkv.eval.results import check_same_samples
+
+        solved: frozenset[str] | None = None
+        screen_rows: list[dict[str, Any]] = []
+        if self.screened_by is not None:
+            cell = (self.name, self.screen_setting)
+            _, screened, screen_rows = solved_in(self.screened_by, [cell], "screened_by")
+            solved = screened[cell]
         out: list[Sample] = []
         for name in self.sources:
             source = make_source(name, self.roots.get(name))
@@ -228,8 +237,6 @@ class GeneraliseTask(GeneratedTask):
                 out.extend(candidates)
                 continue
             # a screen row counts only for the prompt it was scored on (refused if this one differs)
-            from lkv.eval.results import check_same_samples  # torch, as in _screen
-
             check_same_samples(
                 {s.id: s.meta for s in candidates}, screen_rows, self.name, f"screened_by {self.screened_by}"
             )
@@ -243,16 +250,6 @@ class GeneraliseTask(GeneratedTask):
                         taken[group] += 1
                         out.append(sample)
         return out
-
-    def _screen(self) -> tuple[frozenset[str], list[dict[str, Any]]]:
-        """Sample ids FullKV answered right in ``screened_by``, and that folder's rows."""
-        # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
-        from lkv.eval.paired import solved_in
-        from lkv.eval.results import ResultsFile
-
-        cell = (self.name, self.screen_setting)
-        path, solved = solved_in(self.screened_by, [cell], "screened_by")
-        return solved[cell], ResultsFile(path).rows
 
     def _sample(
         self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
