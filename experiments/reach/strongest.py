@@ -25,7 +25,7 @@ from analyze import BUDGETS, read
 from ruler import kept_tables
 
 from lkv.eval.results import row_key
-from lkv.eviction.registry import roles_of
+from lkv.eviction.roles import roles_of
 
 
 def merged(folders: list[str]) -> list[dict[str, Any]]:

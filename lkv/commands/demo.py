@@ -129,7 +129,7 @@ def cache_length_section(
     from lkv.eviction.compressor import Compressor
     from lkv.eviction.decoding import H2ODecode
     from lkv.eviction.presses.lookaheadkv import load_lookahead
-    from lkv.eviction.registry import REFERENCE
+    from lkv.eviction.roles import REFERENCE
 
     path = out / TRACE_FILE
     traces = json.loads(path.read_text()) if path.is_file() else {}

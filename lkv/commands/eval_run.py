@@ -24,7 +24,7 @@ from lkv.eval.tasks import Benchmark, check_settings, settings_run
 from lkv.eviction.presses import OraclePress, Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_module, lookahead_press
 from lkv.eviction.presses.restorekv import RestoreKVPress
-from lkv.eviction.registry import ADAPTER_METHOD, roles_of
+from lkv.eviction.roles import ADAPTER_METHOD, roles_of
 from lkv.eviction.selector import Selection
 from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY, LookaheadAdapter, trained_setting

@@ -17,14 +17,8 @@ from lkv.eviction.presses import Press
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
 from lkv.eviction.presses.restorekv import check_restore_folder
-from lkv.eviction.registry import (
-    ADAPTER_METHOD,
-    METHODS,
-    PROBE_METHOD,
-    check_press_args,
-    make_method,
-    roles_of,
-)
+from lkv.eviction.registry import METHODS, check_press_args, make_method
+from lkv.eviction.roles import ADAPTER_METHOD, PROBE_METHOD, roles_of
 
 # run.json's record of the chat template's variables (label folders keep it in meta.json's extra)
 TEMPLATE_KEY = "chat_template_kwargs"

@@ -16,7 +16,8 @@ from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import Press, ProbePress
 from lkv.eviction.presses.lookaheadkv import load_lookahead
 from lkv.eviction.presses.restorekv import RestoreKVPress
-from lkv.eviction.registry import make_method, roles_of
+from lkv.eviction.registry import make_method
+from lkv.eviction.roles import roles_of
 from lkv.model.backbone import DEFAULT_MODEL, load_backbone
 from lkv.model.probe import read_probe_config
 from lkv.model.restore import RestoreAdapter

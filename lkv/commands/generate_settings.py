@@ -13,7 +13,8 @@ from lkv.eviction.names import FusionRule, HeadBudget, MethodName, PresetName
 from lkv.eviction.presses.lookahead_settings import LookaheadKVSettings
 from lkv.eviction.presses.lookaheadkv import folder_defaults
 from lkv.eviction.presses.restorekv import check_restore_folder
-from lkv.eviction.registry import ADAPTER_METHOD, PROBE_METHOD, check_press_args, roles_of
+from lkv.eviction.registry import check_press_args
+from lkv.eviction.roles import ADAPTER_METHOD, PROBE_METHOD, roles_of
 from lkv.eviction.selector import Selection
 
 #: the flags that set a lookahead module's settings one key each (the rest go in ``--press_args``)

@@ -38,7 +38,7 @@ from lkv.eval.results import (
     parse_budget_key,
 )
 from lkv.eval.stats import PairedResult, stratified_bootstrap_interval
-from lkv.eviction.registry import REFERENCE
+from lkv.eviction.roles import REFERENCE
 
 TABLE_FILE = "kvpress_table.md"
 SETTING = "agnostic"  # kvpress's leaderboard compresses the context before the question is seen

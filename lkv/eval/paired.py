@@ -21,7 +21,7 @@ from typing import Any
 
 from lkv.eval.results import FULL, NO_BUDGET, RESULTS_FILE, ResultsFile, budget_order
 from lkv.eval.stats import ALPHA, PairedResult, is_binary, paired_test, wilson_interval
-from lkv.eviction.registry import REFERENCE, Roles, roles_of
+from lkv.eviction.roles import REFERENCE, Roles, roles_of
 
 
 def is_baseline(roles: Roles) -> bool:
@@ -93,7 +93,7 @@ def pair_by_sample(mine: dict[str, float], other: dict[str, float], seed: int = 
 
 def paired_comparisons(rows: Sequence[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
     """One entry per (task, setting, budget, method, reference) with reference ``fullkv``, the best baseline,
-    and for the trained lookahead modules (:class:`~lkv.eviction.registry.Roles` ``requires="adapter"``) also
+    and for the trained lookahead modules (:class:`~lkv.eviction.roles.Roles` ``requires="adapter"``) also
     the strongest competitor (where it is not the best baseline) and each baseline.
 
     Entry keys: task, setting, budget, method, reference (``fullkv``, ``best baseline``, ``strongest

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from lkv.core.budget import Budget
-from lkv.eviction.registry import ADAPTER_METHOD, roles_of
+from lkv.eviction.roles import ADAPTER_METHOD, roles_of
 
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"

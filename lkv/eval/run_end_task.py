@@ -23,7 +23,7 @@ from lkv.eval.tasks.metrics import answer_agreement
 from lkv.eval.units import Unit, device_batch_tokens
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.records import Generation, ScoredPrompt
-from lkv.eviction.registry import REFERENCE, roles_of
+from lkv.eviction.roles import REFERENCE, roles_of
 
 
 class EndTaskRun:

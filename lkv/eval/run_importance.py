@@ -11,7 +11,7 @@ from lkv.eval.prefill import shared_prefill, with_protected
 from lkv.eval.results import NO_BUDGET, ResultRow
 from lkv.eval.setup import EvalSetup
 from lkv.eval.tasks import ImportanceTask
-from lkv.eviction.registry import roles_of
+from lkv.eviction.roles import roles_of
 from lkv.model.backbone import model_signature
 
 

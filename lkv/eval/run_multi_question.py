@@ -50,7 +50,7 @@ from lkv.eval.run_end_task import result_row, settled_by, streamed_compressor
 from lkv.eval.setup import EvalSetup
 from lkv.eval.tasks import Sample, Task, encode_sample
 from lkv.eviction.records import CompressedPrompt, Generation, ScoredPrompt
-from lkv.eviction.registry import REFERENCE, roles_of
+from lkv.eviction.roles import REFERENCE, roles_of
 
 SETTING = "agnostic"  # the only setting a multi-question task runs in (no single question to compress with)
 

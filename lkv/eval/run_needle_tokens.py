@@ -14,7 +14,7 @@ from lkv.eval.results import ResultRow, budget_key
 from lkv.eval.setup import EvalSetup
 from lkv.eval.tasks import encode_sample
 from lkv.eval.tasks.needle_tokens import NeedleTokenTask, kept_share, share_metrics, value_positions
-from lkv.eviction.registry import UPPER_BOUND, roles_of
+from lkv.eviction.roles import UPPER_BOUND, roles_of
 
 
 def run_needle_tokens(setup: EvalSetup, task: NeedleTokenTask) -> None:

@@ -21,7 +21,7 @@ from lkv.eval.shard import WHOLE, Shard
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, Press, PressContext
 from lkv.eviction.records import Generation
-from lkv.eviction.registry import REFERENCE, roles_of
+from lkv.eviction.roles import REFERENCE, roles_of
 from lkv.eviction.selector import DEFAULT_SELECTION, Selection
 
 

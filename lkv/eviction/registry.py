@@ -4,7 +4,7 @@
 method names that the CLI accepts, of the default method list of ``lkv eval`` (:data:`DEFAULT_METHODS`)
 and of the method table in docs/evaluation.md (:func:`method_table`, checked by a test). What evaluation and
 the commands must know about a method beyond its press (the reference, the upper bound, what it needs, whether
-it evicts, whether it ranks) is data here too (:class:`Roles`, :func:`roles_of`), not string checks there.
+it evicts, whether it ranks) is data beside it, in :mod:`lkv.eviction.roles` (light to import).
 """
 
 from __future__ import annotations
@@ -35,31 +35,7 @@ from lkv.eviction.presses import (
 from lkv.eviction.presses.lookahead_settings import KEYS as LOOKAHEAD_KEYS
 from lkv.eviction.presses.lookaheadkv import lookahead_press
 from lkv.eviction.presses.restorekv import RESTORE_SETTINGS, RestoreKVPress
-
-Role = Literal["method", "reference", "upper bound"]
-Requirement = Literal["", "adapter", "probe", "restore"]
-
-
-@dataclass(frozen=True)
-class Roles:
-    """A method's part in an evaluation, beside its press.
-
-    Attributes:
-        role: ``method``; ``reference`` (FullKV: evicts nothing, its answer is what every method is compared
-            with, its rows carry no budget); ``upper bound`` (the Oracle: scored from the reference's own
-            answer, so its scores come from the answer, not from a press on the prompt).
-        requires: what the method needs beside the model: ``adapter`` (a trained lookahead module; every
-            ``<name>:<module>`` of it, e.g. ``lookaheadkv:s1`` of ``lkv eval --adapters``, is the same method on
-            another module), ``probe``, ``restore`` (a trained RestoreKV folder, ``press_args``' ``folder``),
-            or nothing.
-        evicts: False for a method that keeps the whole cache (FullKV, Quest): no baseline to beat.
-        unranked: why the importance task has no ranking of the method to score ("": it has one).
-    """
-
-    role: Role = "method"
-    requires: Requirement = ""
-    evicts: bool = True
-    unranked: str = ""
+from lkv.eviction.roles import ROLES, Roles, registered_name
 
 
 @dataclass(frozen=True)
@@ -74,7 +50,6 @@ class Method:
         summary: one line for the docs' method table.
         default: part of ``lkv eval``'s default method list.
         needs: what else the method needs, if anything (shown in the table).
-        roles: its part in an evaluation (:class:`Roles`).
     """
 
     name: str
@@ -83,7 +58,11 @@ class Method:
     summary: str
     default: bool = True
     needs: str = ""
-    roles: Roles = Roles()
+
+    @property
+    def roles(self) -> Roles:
+        """Its part in an evaluation (:data:`lkv.eviction.roles.ROLES`)."""
+        return ROLES.get(self.name, Roles())
 
 
 _REGISTERED = (
@@ -92,7 +71,6 @@ _REGISTERED = (
         FullKVPress,
         "prefill",
         "no eviction: the reference every method is compared with",
-        roles=Roles("reference", evicts=False, unranked="keeps everything"),
     ),
     Method(
         "oracle",
@@ -100,7 +78,6 @@ _REGISTERED = (
         "prefill",
         "s_GT of the model's own full-cache answer (an upper bound, not a method)",
         needs="the full-cache answer",
-        roles=Roles("upper bound", unranked="is the ground truth itself"),
     ),
     Method(
         "lookaheadkv",
@@ -108,7 +85,6 @@ _REGISTERED = (
         "prefill",
         "the trained lookahead module predicts the future response's attention; presets `paper`, `pooled` (the default), `long`",
         needs="an adapter (`--adapter`)",
-        roles=Roles(requires="adapter"),
     ),
     Method(
         "probe",
@@ -117,7 +93,6 @@ _REGISTERED = (
         "a per-token probe (KVzap-style) on each layer's hidden states, trained on the same labels",
         default=False,
         needs="a probe (`--probe`, or its own folder: `press_args: {probe: {folder: ...}}`)",
-        roles=Roles(requires="probe"),
     ),
     Method(
         "snapkv",
@@ -130,7 +105,6 @@ _REGISTERED = (
         PyramidKVPress,
         "prefill",
         "SnapKV scores with budgets shrinking with depth, same total",
-        roles=Roles(unranked="ranks like SnapKV (only its per-layer budgets differ)"),
     ),
     Method("streamingllm", StreamingLLMPress, "prefill", "the first `sink` tokens plus the most recent ones"),
     Method("h2o", H2OPress, "prefill", "attention accumulated over every prompt query, plus a recent window"),
@@ -161,7 +135,6 @@ _REGISTERED = (
         "KVzip evicts; `n` trained restore tokens' K/V, from one LoRA pass over the full cache, fill `n` of each head's `C` slots",
         default=False,
         needs="a restore folder (`press_args: {restorekv: {folder: ...}}`)",
-        roles=Roles(requires="restore"),
     ),
     Method("keydiff", KeyDiffPress, "prefill", "keys least similar to the layer's mean key; no attention"),
     Method(
@@ -196,48 +169,21 @@ _REGISTERED = (
         quest,
         "decode",
         "Quest page selection per step; keeps the full cache (no memory saved)",
-        roles=Roles(
-            evicts=False,
-            unranked="evicts nothing (it selects pages of the full cache at every decoding step)",
-        ),
     ),
 )
 METHODS: dict[str, Method] = {method.name: method for method in _REGISTERED}
 DEFAULT_METHODS: tuple[str, ...] = tuple(method.name for method in _REGISTERED if method.default)
 
 
-def _only(**roles: object) -> str:
-    (name,) = (m.name for m in _REGISTERED if all(getattr(m.roles, k) == v for k, v in roles.items()))
-    return name
-
-
-REFERENCE = _only(role="reference")
-"""The reference method's name (FullKV's ``fullkv``): the answer every method is compared with."""
-UPPER_BOUND = _only(role="upper bound")
-"""The upper bound's name (the Oracle's ``oracle``): scored from the reference's answer."""
-ADAPTER_METHOD = _only(requires="adapter")
-"""The method of a trained lookahead module (``lookaheadkv``); ``lookaheadkv:<name>`` names another module."""
-PROBE_METHOD = _only(requires="probe")
-"""The method of a trained per-token probe (``probe``)."""
 PROBE_SETTINGS = ("folder",)
 """What ``press_args`` may give a probe method: its folder (``probe:<name>`` variants each their own; ``probe``
 defaults to ``--probe``)."""
-RESTORE_METHOD = _only(requires="restore")
-"""The method of a trained RestoreKV module (``restorekv``), built on the loaded model from ``press_args``."""
 
 
 def _registered(name: str) -> Method | None:
     """The method registered as ``name`` or as the ``<name>`` of ``<name>:<entry>`` (case-insensitive)."""
-    name = name.lower()
-    return METHODS.get(name) or (METHODS.get(name.partition(":")[0]) if ":" in name else None)
-
-
-def roles_of(name: str) -> Roles:
-    """The :class:`Roles` of the method evaluated as ``name``: a registered name, ``<name>:<entry>`` (another
-    trained module of a registered method, e.g. ``lookaheadkv:s1``, or the method at other settings, e.g.
-    ``snapkv:w64``), or any other name (a press evaluated under a name of its own: a plain method)."""
-    method = _registered(name)
-    return Roles() if method is None else method.roles
+    registered = registered_name(name, METHODS)
+    return None if registered is None else METHODS[registered]
 
 
 def make_method(name: str, **settings) -> Press:

@@ -1,6 +1,8 @@
 """One registry names every method: the CLI's choices, `lkv eval`'s default list and the docs' table."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -10,18 +12,8 @@ from lkv.eviction import names
 from lkv.eviction.decoding import DecodeTimePress
 from lkv.eviction.names import MethodName
 from lkv.eviction.presses import Press
-from lkv.eviction.registry import (
-    ADAPTER_METHOD,
-    DEFAULT_METHODS,
-    METHODS,
-    PROBE_METHOD,
-    REFERENCE,
-    UPPER_BOUND,
-    Roles,
-    make_method,
-    method_table,
-    roles_of,
-)
+from lkv.eviction.registry import DEFAULT_METHODS, METHODS, make_method, method_table
+from lkv.eviction.roles import ADAPTER_METHOD, PROBE_METHOD, REFERENCE, ROLES, UPPER_BOUND, Roles, roles_of
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 
@@ -52,7 +44,14 @@ def test_an_unknown_name_lists_the_registered_ones():
         make_method("nope")
 
 
-def test_method_roles_are_read_from_the_registry():
+def test_method_roles_are_plain_data_beside_the_registry():
+    assert set(ROLES) <= set(METHODS)
+    assert all(METHODS[name].roles == roles for name, roles in ROLES.items())
+    # reading and pairing result rows loads no model code (torch, transformers)
+    check = "import sys, lkv.eval.paired; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+
     assert (REFERENCE, UPPER_BOUND, ADAPTER_METHOD, PROBE_METHOD) == (
         "fullkv",
         "oracle",

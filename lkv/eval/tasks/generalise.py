@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from lkv.core.chat import chat_parts
+from lkv.eval.paired import solved_in
+from lkv.eval.results import check_same_samples
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
@@ -213,10 +215,6 @@ class GeneraliseTask(GeneratedTask):
         self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
-        # imported here: the results' modules load the eviction registry (torch), which `lkv eval --help` skips
-        from lkv.eval.paired import solved_in
-        from lkv.eval.results import check_same_samples
-
         solved: frozenset[str] | None = None
         screen_rows: list[dict[str, Any]] = []
         if self.screened_by is not None:
