@@ -16,7 +16,7 @@ python=${PYTHON:-python}
 lkv=${LKV:-lkv}
 here=experiments/generalise
 out=$here/results/copy
-sets=(full replica_3k replica2_3k near2_3k fresh_5k)
+sets=(full replica_3k replica2_3k fresh_5k near2_3k)  # far needles first: a run cut short holds them
 points() { echo "runs/copy_s$1/ablation/adapters/copy_boost=$2"; }
 case "${1:-}" in
   run)
