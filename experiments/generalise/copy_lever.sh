@@ -31,7 +31,7 @@ case "${1:-}" in
   report)
     folders=()
     for set in "${sets[@]}"; do folders+=("$out/$set"); done
-    pool() { "$python" experiments/reach/far_kinds.py "${folders[@]}" --budgets 128 256 "$@" > /dev/null; }
+    pool() { "$python" experiments/reach/far_kinds.py "${folders[@]}" --budgets 128 256 --intervals "$@" > /dev/null; }
     pool --reference lookaheadkv --out "$out/copy_s0.md" \
       --methods lookaheadkv lookaheadkv:copy20_s0 lookaheadkv:copy50_s0
     pool --reference lookaheadkv:base_s1 --out "$out/copy_s1.md" \

@@ -225,14 +225,17 @@ def _kept(values: list[float]) -> str:
     return f"{k}/{n} = {_pct(low, k / n, high)}"
 
 
-def paired_cell(mine: dict[Any, float], theirs: dict[Any, float], keys: list[Any]) -> str:
-    """``mine`` − ``theirs`` on ``keys`` (0/1 outcomes): points (wins/losses) and the exact McNemar p; bold
-    when p < 0.05; "–" without keys."""
+def paired_cell(
+    mine: dict[Any, float], theirs: dict[Any, float], keys: list[Any], interval: bool = False
+) -> str:
+    """``mine`` − ``theirs`` on ``keys`` (0/1 outcomes): points, with ``interval`` its exact 95 % interval,
+    (wins/losses) and the exact McNemar p; bold when p < 0.05; "–" without keys."""
     if not keys:
         return "–"
     result = mcnemar_exact([mine[k] for k in keys], [theirs[k] for k in keys])
     mark = "**" if result.significant else ""
-    return f"{mark}{100 * result.diff:+.1f} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
+    bounds = f" [{100 * result.low:+.1f}, {100 * result.high:+.1f}]" if interval else ""
+    return f"{mark}{100 * result.diff:+.1f}{bounds} ({result.wins}/{result.losses}) p={result.p:.2g}{mark}"
 
 
 def paired_lines(

@@ -4,14 +4,15 @@ evaluation-only one in essays, one in Python docs), with each module paired agai
 
     python experiments/reach/far_kinds.py FOLDER[=NAME] [...] [--reference lookaheadkv]
         [--methods lookaheadkv lookaheadkv:far_s0 ...] [--budgets 128 256] [--out FILE]
-        [--alias NEW=OLD ...]
+        [--alias NEW=OLD ...] [--intervals]
 
 A needle is far when it sits ≥ 1.5K tokens before the end of a prompt of ≥ 3K tokens and near when ≤ 1K
 (experiments/reach/analyze.py's split): by ``meta["distance"]`` where the task placed needles by distance,
 otherwise by depth (``depth ≤ 0.5`` far, ``≥ 0.7`` near, the issue's split of 3K-token prompts). Several
 folders (the same samples scored by more modules) are merged as ``strongest.py`` merges them. ``--alias
 NEW=OLD`` reads method ``OLD``'s rows as ``NEW``'s, so one setting named differently in the folders of
-different needle sets pools into one row (a needle scored under both names is refused).
+different needle sets pools into one row (a needle scored under both names is refused). ``--intervals`` adds
+each paired difference's exact 95 % interval.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ def kind(meta: dict[str, Any]) -> str:
     return f"unseen, {meta['haystack']}"
 
 
-def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budgets: list[str]) -> list[str]:
+def tables(
+    rows: list[dict[str, Any]],
+    methods: list[str],
+    reference: str,
+    budgets: list[str],
+    intervals: bool = False,
+) -> list[str]:
     """Markdown: kept counts per (place, kind) group and per place, by budget, then each method − reference
     paired on the same groups."""
     rows = [r for r in rows if r["setting"] == "aware" and "family" in r.get("meta", {})]
@@ -66,7 +73,8 @@ def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budge
             scores = outcome.get((method, budget), {})
             cells = [_kept([scores[s] for s in members(c, list(scores))]) for c in columns]
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
-    lines += ["", f"Paired against {reference} (points, wins/losses, exact McNemar p):", ""]
+    spread = ", exact 95 % interval" if intervals else ""
+    lines += ["", f"Paired against {reference} (points{spread}, wins/losses, exact McNemar p):", ""]
     lines += [
         "| method | C | " + " | ".join(f"{p}, {k}" for p, k in columns) + " |",
         "|---|---|" + "---:|" * len(columns),
@@ -75,7 +83,7 @@ def tables(rows: list[dict[str, Any]], methods: list[str], reference: str, budge
         for budget in budgets:
             mine, theirs = outcome.get((method, budget), {}), outcome.get((reference, budget), {})
             common = [s for s in mine if s in theirs]
-            cells = [paired_cell(mine, theirs, members(c, common)) for c in columns]
+            cells = [paired_cell(mine, theirs, members(c, common), intervals) for c in columns]
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -100,10 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", nargs="+", default=["128", "256"])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--alias", nargs="+", default=[], help="NEW=OLD: method OLD's rows read as NEW's")
+    parser.add_argument(
+        "--intervals", action="store_true", help="each paired difference's exact 95 %% interval"
+    )
     args = parser.parse_args(argv)
     rows = aliased(merged(args.folders), dict(reversed(a.split("=", 1)) for a in args.alias))
     methods = args.methods or sorted({r["method"] for r in rows if r["method"] != "fullkv"})
-    text = "\n".join(tables(rows, methods, args.reference, args.budgets))
+    text = "\n".join(tables(rows, methods, args.reference, args.budgets, args.intervals))
     if args.out:
         args.out.write_text(text)
     print(text)
