@@ -71,11 +71,14 @@ def score_tables(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def kept_tables(
-    rows: list[dict[str, Any]], budgets: tuple[str, ...] = BUDGETS, before: str | None = "lookaheadkv"
+    rows: list[dict[str, Any]],
+    budgets: tuple[str, ...] = BUDGETS,
+    before: str | None = "lookaheadkv",
+    versus: tuple[str, ...] = (),
 ) -> list[str]:
-    """Markdown: FullKV-solved pairs kept per method and budget, LookaheadKV vs the strongest competitor, and
-    the other modules vs ``before`` (the committed module unpooled, or None: no such table); ``rows`` of one
-    setting."""
+    """Markdown: FullKV-solved pairs kept per method and budget, LookaheadKV vs the strongest competitor, the
+    other modules vs ``before`` (the committed module unpooled, or None: no such table) and, per module of
+    ``versus``, that module against every other method; ``rows`` of one setting."""
     solved = fullkv_solved(rows, rows[0]["setting"]) if rows else set()
     outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
     for r in rows:
@@ -113,6 +116,8 @@ def kept_tables(
             "",
             *paired_lines(outcome, after, dict.fromkeys(budgets, before)),
         ]
+    for module in (m for m in versus if m in methods):
+        lines += versus_lines(outcome, module, methods, budgets)
     return lines
 
 
@@ -150,6 +155,30 @@ def paired_lines(
             cell = paired_cell(mine, theirs, [k for k in mine if k in theirs])
             cells.append(cell if cell == "–" else f"{cell} vs {rival[budget]}")
         lines.append(f"| {module} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def versus_lines(
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]],
+    module: str,
+    methods: list[str],
+    budgets: tuple[str, ...],
+) -> list[str]:
+    """``module`` − each other method on the same FullKV-solved pairs, per budget: points with the exact 95 %
+    interval (wins/losses), exact McNemar p; positive where ``module`` leads, negative where it trails."""
+    lines = [
+        f"`{module}` against each method, same pairs (its lead > 0, its gap < 0; exact 95 % interval, "
+        "wins/losses, exact McNemar p):",
+        "",
+        "| against | " + " | ".join(f"C={b}" for b in budgets) + " |",
+        "|---|" + "---:|" * len(budgets),
+    ]
+    for method in (m for m in methods if m != module):
+        cells = []
+        for budget in budgets:
+            mine, theirs = outcome.get((module, budget), {}), outcome.get((method, budget), {})
+            cells.append(paired_cell(mine, theirs, [k for k in mine if k in theirs], interval=True))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 

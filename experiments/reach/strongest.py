@@ -2,7 +2,7 @@
 task, for any ``lkv eval`` folders that scored the same samples.
 
     python experiments/reach/strongest.py FOLDER[=NAME] [FOLDER[=NAME] ...] --out FILE [--budgets 64 128 256 512]
-        [--before METHOD] [--title TEXT]
+        [--before METHOD] [--versus MODULE ...] [--title TEXT]
 
 Folders are merged row by row (a row found in several is taken from the first); their FullKV answers must be
 the same text on every sample they share, or the script stops. ``FOLDER=NAME`` names that folder's trained
@@ -11,7 +11,8 @@ folder of its own; its other rows (FullKV, Oracle, the training-free methods: th
 often copied from another folder by ``copy_adapter_free``) keep their names. Per (setting, task): of the samples FullKV
 answers fully, the share each method still answers fully (Wilson 95 %), and each LookaheadKV module against
 the competitor with the highest kept share at each budget (no Oracle, FullKV or Quest), exact McNemar
-(the tables of ``ruler.py``); with ``--before``, each other module against that one. With several tasks, the
+(the tables of ``ruler.py``); with ``--before``, each other module against that one; with ``--versus``, each
+named module against every other method (its lead or gap, with the exact interval). With several tasks, the
 same tables once more over every task's pairs pooled.
 """
 
@@ -54,18 +55,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--budgets", nargs="+", default=list(BUDGETS))
     parser.add_argument("--before", help="the module the others are compared with (e.g. lookaheadkv)")
+    parser.add_argument("--versus", nargs="+", default=[], help="modules set against every other method")
     parser.add_argument("--title", default="FullKV-solved kept, and LookaheadKV vs the strongest competitor")
     args = parser.parse_args(argv)
     rows = merged(args.folders)
+    budgets, versus = tuple(args.budgets), tuple(args.versus)
     lines = [f"# {args.title}", "", "Rows: " + ", ".join(f"`{f}`" for f in args.folders), ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         for task in dict.fromkeys(r["task"] for r in rows if r["setting"] == setting):
             mine = [r for r in rows if r["setting"] == setting and r["task"] == task]
-            lines += [f"## {task}, {setting}", "", *kept_tables(mine, tuple(args.budgets), args.before)]
+            lines += [f"## {task}, {setting}", "", *kept_tables(mine, budgets, args.before, versus)]
         tasks = dict.fromkeys(r["task"] for r in rows if r["setting"] == setting)
         if len(tasks) > 1:  # the pairs of every task pooled (RULER's retention)
             mine = [r for r in rows if r["setting"] == setting]
-            lines += [f"## every task, {setting}", "", *kept_tables(mine, tuple(args.budgets), args.before)]
+            lines += [f"## every task, {setting}", "", *kept_tables(mine, budgets, args.before, versus)]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
 
