@@ -93,8 +93,7 @@ def kept_tables(
         f"FullKV answers {len(solved)} of {len(samples)} (task, sample) pairs fully. Kept: of those, the pairs "
         "each method still answers fully, Wilson 95 %.",
         "",
-        "| method | " + " | ".join(f"C={b}" for b in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
+        *budget_header("method", budgets),
     ]
     for method in methods:
         cells = [_kept(list(outcome.get((method, b), {}).values())) for b in budgets]
@@ -121,6 +120,14 @@ def kept_tables(
     return lines
 
 
+def budget_header(first: str, budgets: list[str] | tuple[str, ...]) -> list[str]:
+    """A markdown table's header and rule: ``first``'s column, then one right-aligned column per budget."""
+    return [
+        "| " + first + " | " + " | ".join(f"C={b}" for b in budgets) + " |",
+        "|---|" + "---:|" * len(budgets),
+    ]
+
+
 def strongest_competitors(
     outcome: dict[tuple[str, str], dict[tuple[str, str], float]], methods: list[str], budgets: tuple[str, ...]
 ) -> dict[str, str]:
@@ -144,10 +151,7 @@ def paired_lines(
     """Each of ``modules`` − ``rival[budget]`` on the same FullKV-solved pairs: points (wins/losses), exact
     McNemar p, the rival named in the cell."""
     budgets = list(rival)
-    lines = [
-        "| module | " + " | ".join(f"C={b}" for b in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
-    ]
+    lines = budget_header("module", budgets)
     for module in modules:
         cells = []
         for budget in budgets:
@@ -170,8 +174,7 @@ def versus_lines(
         f"`{module}` against each method, same pairs (its lead > 0, its gap < 0; exact 95 % interval, "
         "wins/losses, exact McNemar p):",
         "",
-        "| against | " + " | ".join(f"C={b}" for b in budgets) + " |",
-        "|---|" + "---:|" * len(budgets),
+        *budget_header("against", budgets),
     ]
     for method in (m for m in methods if m != module):
         cells = []
