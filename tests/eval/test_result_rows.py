@@ -9,9 +9,10 @@ import pytest
 from lkv.eval.results import ResultRow, ResultsFile
 
 ROOT = Path(__file__).resolve().parents[2]
-# one committed folder per benchmark kind: end task, importance, needle tokens
+# one committed folder per benchmark kind: end task, importance, needle tokens, multi-question
 COMMITTED = [
     "experiments/full_evidence/results/results.jsonl",
+    "experiments/compress_once/results/multi_question/results.jsonl",
     "experiments/length_mix/results/probe_1k/results.jsonl",
     "experiments/reach/tokens_far/results.jsonl",
 ]
