@@ -16,10 +16,11 @@ from lkv.eval.report import write_report
 from lkv.eval.run_multi_question import contexts_of
 from lkv.eval.runner import Evaluator
 from lkv.eval.tasks import TASKS, MultiQuestionTask, encode_sample
-from lkv.eval.tasks.multi_question import FACT_KINDS
+from lkv.eval.tasks.multi_question import FACT_KINDS, NEEDLE_KINDS
 from lkv.eviction.compressor import Compressor
 from lkv.eviction.presses import FullKVPress, OraclePress
 from lkv.eviction.registry import make_method
+from lkv.labels.sources import document_split
 from tests.conftest import TINY_HELDOUT
 
 BUDGETS = [8, 16]
@@ -73,13 +74,61 @@ def test_a_context_holds_its_questions_facts_at_spread_depths(tiny_corpus, tiny_
     assert [s.id for s in samples] == [s.id for s in task.samples(tokenizer)]  # stable across runs
 
 
+def test_a_text_source_gives_the_haystacks_of_its_split_and_names_itself(source_roots, tiny_tokenizer):
+    """Sources instead of the essays: a source's contexts draw only on its split's documents, plant each fact
+    as one of its units (a line source's turn) and carry its name in their ids and rows."""
+    task = MultiQuestionTask(
+        lengths=(300,), num_samples=2, kinds=FACT_KINDS, sources=tuple(source_roots), roots=source_roots
+    )
+    samples = task.samples(tiny_tokenizer)
+    assert len(contexts_of(samples)) == 2 * len(source_roots)  # per source and length, num_samples contexts
+    for sample in samples:
+        source = sample.meta["source"]
+        assert sample.meta["split"] == "heldout" and sample.meta["source_group"] == "in-source"
+        assert sample.meta["context_id"].startswith(f"multi_question-{source}-heldout-L300-k4-s0-")
+        assert all(document_split(doc) == "heldout" for doc in sample.meta["docs"])
+        assert all(answer in sample.context for answer in sample.answers)
+    for group in contexts_of(samples):
+        assert sorted(int(s.meta["depth"] * 4) for s in group) == [0, 1, 2, 3]
+    for sample in (s for s in samples if s.meta["fact_kind"] in NEEDLE_KINDS):
+        # a line source writes the fact as a line of its own (a speaker's turn); a sentence source as a sentence
+        (line,) = [line for line in sample.context.splitlines() if sample.answers[0] in line]
+        assert line.startswith("A: ") == (sample.meta["source"] == "chatterbot-dialogue"), line
+    dev = MultiQuestionTask(
+        lengths=(300,), num_samples=2, sources=tuple(source_roots), roots=source_roots, split="dev"
+    )
+    assert all(document_split(d) == "dev" for s in dev.samples(tiny_tokenizer) for d in s.meta["docs"])
+    assert [(s.id, s.context) for s in samples] == [(s.id, s.context) for s in task.samples(tiny_tokenizer)]
+
+
+def test_the_essays_contexts_do_not_name_a_source(tiny_corpus, tiny_tokenizer):
+    """Without sources the ids and rows stay the essays' own (rows scored before sources existed still match)."""
+    sample = tiny_task(tiny_corpus, num_samples=1).samples(tiny_tokenizer)[0]
+    assert sample.id == "multi_question-L400-k4-s0-0-q0" and "source" not in sample.meta
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"questions": 1}, "at least 2"), ({"kinds": ("colour",)}, "unknown fact kinds")],
+    [
+        ({"questions": 1}, "at least 2"),
+        ({"kinds": ("colour",)}, "unknown fact kinds"),
+        ({"sources": ()}, "name at least one text source"),
+        ({"sources": ("novels",)}, r"unknown text sources \['novels'\]"),
+        ({"sources": ("pydoc-topics",), "split": "train"}, "never a source's train documents"),
+        ({"roots": {"nope": "/x"}}, r"roots: unknown text sources \['nope'\]"),
+    ],
 )
 def test_bad_settings_are_refused(tiny_corpus, kwargs, message):
     with pytest.raises(ValueError, match=message):
         tiny_task(tiny_corpus, **kwargs)
+
+
+def test_a_split_too_small_for_a_context_is_refused(source_roots, tiny_tokenizer):
+    task = MultiQuestionTask(
+        lengths=(10**6,), num_samples=1, sources=("debian-copyright",), roots=source_roots
+    )
+    with pytest.raises(ValueError, match="debian-copyright: its 'heldout' split holds fewer than"):
+        task.samples(tiny_tokenizer)
 
 
 def lookahead_press(model):

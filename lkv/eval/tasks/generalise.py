@@ -25,7 +25,6 @@ kind, seed and candidate index, so the screened samples are exactly the screenin
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,7 +33,7 @@ from lkv.eval.paired import solved_in
 from lkv.eval.results import check_same_samples
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
-from lkv.eval.tasks.text import Sentence, insert_at_depths, rng_for
+from lkv.eval.tasks.text import insert_at_depths, rng_for, source_haystack
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
 from lkv.labels.sources import BUILTIN_SOURCES, SOURCES, TextSource, make_source, source_roots
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
 
 FAR = 1536  # measured distance (tokens) from which a needle counts as far
 NEAR = 1024  # ... up to which it counts as near
-_BATCH = 64  # units tokenised at a time while a haystack grows
 
 
 @dataclass(frozen=True)
@@ -259,7 +257,7 @@ class GeneraliseTask(GeneratedTask):
         rng = rng_for(self.name, source.name, self.split, kind.name, self.seed, index)
         target = rng.randint(self.min_length, self.max_length)
         # the question and the chat template take ~40 tokens: the haystack fills the rest
-        window = _haystack(source, doc_ids, tokenizer, max(1, target - 40), rng)
+        window = source_haystack(source, doc_ids, tokenizer, max(1, target - 40), rng)
         if not window:
             raise ValueError(f"text source {source.name}: no text on its {self.split!r} split")
         text = "".join(u.text for u in window)
@@ -303,30 +301,3 @@ class GeneraliseTask(GeneratedTask):
 
     def score(self, prediction: str, sample: Sample, reference: str | None = None) -> dict[str, float]:
         return {"string_match": string_match_all(prediction, sample.answers)}
-
-
-def _haystack(
-    source: TextSource,
-    doc_ids: list[str],
-    tokenizer: PreTrainedTokenizerBase,
-    tokens: int,
-    rng: random.Random,
-) -> list[Sentence]:
-    """Consecutive units of documents drawn in a random order, the first from a random unit, until
-    ``tokens`` tokens (each unit counted as it appears in running text); every document at most once, so a
-    split holding fewer tokens (chatterbot-dialogue's ``dev`` holds ~5.5K) gives all of it."""
-    out: list[Sentence] = []
-    total = 0
-    for doc_id in rng.sample(doc_ids, len(doc_ids)):
-        units = source.units(source.document(doc_id).text)
-        start = rng.randrange(len(units)) if not out and units else 0
-        for at in range(start, len(units), _BATCH):
-            batch = units[at : at + _BATCH]
-            shown = [" " + u for u in batch] if source.unit == "sentence" else batch
-            counts = tokenizer(shown, add_special_tokens=False)["input_ids"]
-            for unit, ids in zip(batch, counts, strict=True):
-                out.append(Sentence(unit, doc_id, len(ids)))
-                total += len(ids)
-                if total >= tokens:
-                    return out
-    return out

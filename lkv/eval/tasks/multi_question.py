@@ -1,7 +1,8 @@
 """Several questions about one context, the question-agnostic protocol of a chat or agent server (kvpress's
 default): the context is compressed once, before any question is known, and then asked ``questions`` times.
 
-Each context is a window of the held-out essays with ``questions`` facts planted at different depths: the
+Each context is a window of the held-out essays (or of the held-out documents of any text source of
+:mod:`lkv.labels.sources`, your own folder included) with ``questions`` facts planted at different depths: the
 context is cut into ``questions`` equal strata and each fact goes in its own stratum (in a shuffled order), so
 the facts spread from the start of the context to its end. A fact is one of :data:`FACT_KINDS`:
 
@@ -29,12 +30,13 @@ question, and a context has several.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from lkv.eval.prompt_settings import Setting
 from lkv.eval.tasks.base import GeneratedTask, Sample
-from lkv.eval.tasks.generalise import context_distance
+from lkv.eval.tasks.generalise import SOURCE_GROUPS, context_distance
 from lkv.eval.tasks.metrics import string_match_all
 from lkv.eval.tasks.ruler import (
     NIAH_NEEDLE,
@@ -43,9 +45,17 @@ from lkv.eval.tasks.ruler import (
     niah_wording,
     variable_chains,
 )
-from lkv.eval.tasks.text import HeldoutEssays, insert_at_depths, rng_for
+from lkv.eval.tasks.text import (
+    HeldoutEssays,
+    Sentence,
+    corpus_words,
+    insert_at_depths,
+    rng_for,
+    source_haystack,
+)
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
+from lkv.labels.sources import SOURCES, TextSource, make_source, source_roots
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -77,8 +87,8 @@ class Fact:
 class MultiQuestionTask(GeneratedTask):
     """Contexts of held-out essays, each with ``questions`` facts asked one after another.
 
-    Samples: per length, ``num_samples`` contexts × ``questions`` questions (one :class:`Sample` each, in
-    question order).
+    Samples: per source (or the essays) and length, ``num_samples`` contexts × ``questions`` questions (one
+    :class:`Sample` each, in question order).
 
     Args:
         lengths: haystack sizes in tokens (the planted statements come on top).
@@ -89,6 +99,11 @@ class MultiQuestionTask(GeneratedTask):
         seed: base seed.
         essays_dir: essay folder (default: the cached embedded essays).
         heldout_fraction: the train/held-out split of the training prompts.
+        sources: text sources (:data:`lkv.labels.sources.SOURCES`) to draw the haystacks from instead of the
+            held-out essays, ``num_samples`` contexts per source and length; ``text-folder`` is your own
+            documents (its folder in ``roots``).
+        split: the sources' documents to draw from: ``heldout`` or ``dev``, never a source's ``train`` ones.
+        roots: source name → folder to read it from instead of its usual place.
     """
 
     name = "multi_question"
@@ -106,6 +121,9 @@ class MultiQuestionTask(GeneratedTask):
         seed: int = 0,
         essays_dir: str | None = None,
         heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+        sources: tuple[str, ...] | None = None,
+        split: Literal["dev", "heldout"] = "heldout",
+        roots: dict[str, str] | None = None,
     ) -> None:
         if questions < 2:
             raise ValueError(
@@ -117,39 +135,64 @@ class MultiQuestionTask(GeneratedTask):
             raise ValueError(f"kinds: unknown fact kinds {unknown}; choose from {', '.join(FACT_KINDS)}")
         if answer_slack < 0:
             raise ValueError(f"answer_slack must be ≥ 0, got {answer_slack}")
+        if sources is not None and not sources:
+            raise ValueError(
+                "sources: name at least one text source, or leave it out for the held-out essays"
+            )
+        unknown = sorted(set(sources or ()) - set(SOURCES))
+        if unknown:
+            raise ValueError(f"sources: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
+        if split not in ("dev", "heldout"):
+            raise ValueError(
+                f"split must be 'dev' or 'heldout' (never a source's train documents), got {split!r}"
+            )
         super().__init__(lengths, seed, heldout_fraction, num_samples=num_samples, questions=questions)
         self.kinds = kinds
         self.answer_slack = answer_slack
         self.essays_dir = essays_dir
+        self.sources = None if sources is None else tuple(sources)
+        self.split = split
+        self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
-        essays = HeldoutEssays(tokenizer, self.essays_dir, self.heldout_fraction)
+        if self.sources is None:
+            texts: list[_Haystacks] = [
+                _EssayHaystacks(HeldoutEssays(tokenizer, self.essays_dir, self.heldout_fraction))
+            ]
+        else:
+            texts = [
+                _SourceHaystacks(make_source(name, self.roots.get(name)), self.split, tokenizer)
+                for name in self.sources
+            ]
         out = []
-        for length in self.lengths:
-            for index in range(self.num_samples):
-                out.extend(self._context(tokenizer, essays, length, index))
+        for text in texts:
+            for length in self.lengths:
+                for index in range(self.num_samples):
+                    out.extend(self._context(tokenizer, text, length, index))
         return out
 
     def _context(
-        self, tokenizer: PreTrainedTokenizerBase, essays: HeldoutEssays, length: int, index: int
+        self, tokenizer: PreTrainedTokenizerBase, text: _Haystacks, length: int, index: int
     ) -> list[Sample]:
-        """The ``questions`` samples of context ``index`` at ``length``."""
-        rng = rng_for(self.name, self.seed, length, self.questions, index)
+        """The ``questions`` samples of context ``index`` at ``length`` in ``text``'s haystacks."""
+        rng = rng_for(self.name, *text.seed_parts, self.seed, length, self.questions, index)
         strata = rng.sample(range(self.questions), self.questions)
         kinds = [self.kinds[(index * self.questions + j) % len(self.kinds)] for j in range(self.questions)]
         keys = iter(rng.sample(EVAL_KEYS, self.questions))
         facts = [
-            _fact(kind, next(keys), rng, essays, stratum / self.questions, 1 / self.questions)
+            _fact(kind, next(keys), rng, text.words, stratum / self.questions, 1 / self.questions)
             for kind, stratum in zip(kinds, strata, strict=True)
         ]
         statements = [s for fact in facts for s in fact.statements]
         planted = sum(len(tokenizer(" " + s, add_special_tokens=False)["input_ids"]) for s in statements)
-        window = essays.take(max(length - planted, 1), start=rng.randrange(len(essays.sentences)))
-        # by depth: statements that land on one sentence boundary then keep their depths' order
+        window = text.take(max(length - planted, 1), rng)
+        # by depth: statements that land on one unit boundary then keep their depths' order
         placed = sorted(zip((d for fact in facts for d in fact.depths), statements, strict=True))
-        body = insert_at_depths(window, [s for _, s in placed], [d for d, _ in placed])
-        context = f"{INTRO}\n{' '.join(body)}\n\n"
-        context_id = f"{self.name}-L{length}-k{self.questions}-s{self.seed}-{index}"
+        body = insert_at_depths(window, [text.as_unit(s) for _, s in placed], [d for d, _ in placed])
+        context = f"{INTRO}\n{text.join(body)}\n\n"
+        context_id = "-".join(
+            [self.name, *text.seed_parts, f"L{length}-k{self.questions}-s{self.seed}-{index}"]
+        )
         out = []
         for j, fact in enumerate(facts):
             sample = Sample(
@@ -170,6 +213,7 @@ class MultiQuestionTask(GeneratedTask):
                 "depth": round(fact.depths[0], 4),
                 "distance": context_distance(sample, tokenizer, fact.statements[0])[1],
                 "docs": sorted({s.doc_id for s in window}),
+                **text.meta,
             }
             out.append(sample)
         return out
@@ -178,7 +222,7 @@ class MultiQuestionTask(GeneratedTask):
         return {"string_match": string_match_all(prediction, sample.answers)}
 
 
-def _fact(kind: str, key: str, rng: random.Random, essays: HeldoutEssays, start: float, width: float) -> Fact:
+def _fact(kind: str, key: str, rng: random.Random, words: list[str], start: float, width: float) -> Fact:
     """A fact of ``kind`` whose (first) statement lies in the depth stratum ``[start, start + width)``."""
 
     def depth() -> float:
@@ -198,7 +242,7 @@ def _fact(kind: str, key: str, rng: random.Random, essays: HeldoutEssays, start:
     if kind == "multikey":
         keys: list[str] = []
         while len(keys) < 1 + MULTIKEY_DISTRACTORS:
-            candidate = f"{rng.choice(essays.words)}-{rng.choice(essays.words)}"
+            candidate = f"{rng.choice(words)}-{rng.choice(words)}"
             if candidate not in keys:
                 keys.append(candidate)
         values = [str(v) for v in rng.sample(range(1_000_000, 10_000_000), len(keys))]
@@ -220,3 +264,69 @@ def _fact(kind: str, key: str, rng: random.Random, essays: HeldoutEssays, start:
         rng.choice(fmt.questions).format(key=key),
         [value],
     )
+
+
+class _Haystacks(ABC):
+    """Where a task's contexts come from: windows of text, the words multi-key facts are keyed by, and how a
+    planted statement is written among its units."""
+
+    seed_parts: tuple[str, ...]  # what names these haystacks in a context's id and random draws
+    meta: dict[str, str]  # what a row records of them
+    words: list[str]
+
+    @abstractmethod
+    def take(self, tokens: int, rng: random.Random) -> list[Sentence]:
+        """A window of about ``tokens`` tokens."""
+
+    def as_unit(self, statement: str) -> str:
+        """``statement`` as one unit of this text."""
+        return statement
+
+    def join(self, units: list[str]) -> str:
+        """Units back into running text."""
+        return " ".join(units)
+
+
+class _EssayHaystacks(_Haystacks):
+    """The held-out essays: a window from a random sentence of their cyclic stream (context ids and draws as
+    before sources existed, so earlier rows stay this task's)."""
+
+    seed_parts = ()
+    meta: dict[str, str] = {}
+
+    def __init__(self, essays: HeldoutEssays) -> None:
+        self.essays = essays
+        self.words = essays.words
+
+    def take(self, tokens: int, rng: random.Random) -> list[Sentence]:
+        return self.essays.take(tokens, start=rng.randrange(len(self.essays.sentences)))
+
+
+class _SourceHaystacks(_Haystacks):
+    """A text source's ``split`` documents (:func:`lkv.eval.tasks.text.source_haystack`), planted statements
+    written as its units (a line source's needle line)."""
+
+    def __init__(self, source: TextSource, split: str, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.source = source
+        self.doc_ids = source.doc_ids(split)
+        if not self.doc_ids:
+            raise ValueError(f"text source {source.name}: no document on its {split!r} split")
+        self.tokenizer = tokenizer
+        self.seed_parts = (source.name, split)
+        self.meta = {"source": source.name, "source_group": SOURCE_GROUPS[source.group], "split": split}
+        self.words = corpus_words(doc.text for doc in source.documents(split))
+
+    def take(self, tokens: int, rng: random.Random) -> list[Sentence]:
+        window = source_haystack(self.source, self.doc_ids, self.tokenizer, tokens, rng)
+        if sum(unit.tokens for unit in window) < tokens:
+            raise ValueError(
+                f"text source {self.source.name}: its {self.seed_parts[1]!r} split holds fewer than the "
+                f"{tokens} tokens a context needs"
+            )
+        return window
+
+    def as_unit(self, statement: str) -> str:
+        return self.source.as_unit(statement)
+
+    def join(self, units: list[str]) -> str:
+        return self.source.join(units)

@@ -1,6 +1,6 @@
 """Held-out text for the generated tasks: essays cut into sentences, a word list, standard-library code,
-and an evaluation-only prose corpus (the language reference of ``pydoc_data``,
-:func:`lkv.labels.sources.pydoc_prose`).
+an evaluation-only prose corpus (the language reference of ``pydoc_data``,
+:func:`lkv.labels.sources.pydoc_prose`) and haystacks of any text source's non-training split.
 
 Only documents on the held-out side of :func:`lkv.labels.prompts.split_by_document` (the split the training
 prompts use) or corpora no training prompt reads are used here, so no evaluation text was seen while
@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
-from lkv.labels.sources import pydoc_prose, split_sentences
+from lkv.labels.sources import TextSource, pydoc_prose, split_sentences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 _WORD = re.compile(r"\b[a-z]{6,12}\b")  # long enough to skip most function words
 T = TypeVar("T")
+_BATCH = 64  # units tokenised at a time while a source's haystack grows
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 
@@ -82,7 +83,39 @@ class SentenceCorpus:
     @cached_property
     def words(self) -> list[str]:
         """Distinct lower-case words (6–12 letters) of the corpus, sorted: keys and word lists."""
-        return sorted({w for s in self.sentences for w in _WORD.findall(s.text)})
+        return corpus_words(s.text for s in self.sentences)
+
+
+def corpus_words(texts: Iterable[str]) -> list[str]:
+    """Distinct lower-case words of 6–12 letters in ``texts``, sorted."""
+    return sorted({w for text in texts for w in _WORD.findall(text)})
+
+
+def source_haystack(
+    source: TextSource,
+    doc_ids: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    tokens: int,
+    rng: random.Random,
+) -> list[Sentence]:
+    """Consecutive units of ``source``'s documents ``doc_ids`` drawn in a random order, the first from a random
+    unit, until ``tokens`` tokens (each unit counted as it appears in running text); every document at most
+    once, so a split holding fewer tokens (chatterbot-dialogue's ``dev`` holds ~5.5K) gives all of it."""
+    out: list[Sentence] = []
+    total = 0
+    for doc_id in rng.sample(doc_ids, len(doc_ids)):
+        units = source.units(source.document(doc_id).text)
+        start = rng.randrange(len(units)) if not out and units else 0
+        for at in range(start, len(units), _BATCH):
+            batch = units[at : at + _BATCH]
+            shown = [" " + u for u in batch] if source.unit == "sentence" else batch
+            counts = tokenizer(shown, add_special_tokens=False)["input_ids"]
+            for unit, ids in zip(batch, counts, strict=True):
+                out.append(Sentence(unit, doc_id, len(ids)))
+                total += len(ids)
+                if total >= tokens:
+                    return out
+    return out
 
 
 class HeldoutEssays(SentenceCorpus):
