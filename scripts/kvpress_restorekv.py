@@ -1,13 +1,14 @@
 """lkv's RestoreKV against NVIDIA kvpress's ``RestoreKVPress`` on the embedded SmolLM2-135M (docs/kvpress.md).
 
-A restore folder made by lkv with seeded random weights (normal embeddings, a rank-8 LoRA with random B) is
-loaded into both without the hub; per held-out essay prompt (chat template) and budget ``C`` (64, 128, S/2):
+A restore folder, lkv's trained one (``--folder``: an ``lkv export`` of a ``RestoreKVModule`` checkpoint) or
+one made with seeded random weights (normal embeddings, a rank-8 LoRA with random B), is loaded into both
+without the hub; per held-out essay prompt (chat template) and budget ``C`` (64, 128, S/2):
 the overlap of the context entries kept per layer and KV head (kvpress's layer-wise selection vs lkv's
 ``adaptive, safeguard 0``; the top-``C − n`` of kvpress's scores vs lkv's equal budgets) and the largest
 difference of the restore tokens' keys and values (:mod:`lkv.integrations.kvpress_restorekv`). Run in the
 kvpress environment (``make kvpress-env``)::
 
-    PYTHONPATH=$PWD .venv-kvpress/bin/python scripts/kvpress_restorekv.py --prompts 2
+    PYTHONPATH=$PWD .venv-kvpress/bin/python scripts/kvpress_restorekv.py --prompts 2 [--folder RESTORE_FOLDER]
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="held-out prompts")
     parser.add_argument("--min-words", type=int, default=400)
     parser.add_argument("--max-words", type=int, default=700)
+    parser.add_argument("--folder", help="a trained restore folder (default: seeded random weights)")
     args = parser.parse_args()
 
     hf_logging.disable_progress_bar()
     model, tokenizer = load_backbone("smollm2-135m")
-    with tempfile.TemporaryDirectory() as folder:
-        random_restore_folder(folder)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = args.folder or scratch
+        if args.folder is None:
+            random_restore_folder(folder)
         rows: dict[str, list] = {}
         lengths = []
         for prompt_id, ids in heldout_prompts(tokenizer, args.prompts, args.min_words, args.max_words):
@@ -44,7 +48,10 @@ def main() -> None:
                 rows.setdefault(name, []).append(parity)
             print(f"prompt {prompt_id}: {ids.shape[1]} tokens", flush=True)
 
-    print(f"\n{len(lengths)} held-out prompts of {min(lengths)}–{max(lengths)} tokens, SmolLM2-135M, sdpa\n")
+    weights = args.folder or "seeded random weights"
+    print(
+        f"\n{len(lengths)} held-out prompts of {min(lengths)}–{max(lengths)} tokens, SmolLM2-135M, sdpa, {weights}\n"
+    )
     print(
         "| C | layer-wise min / mean overlap | per-head min / mean overlap | max key diff | max value diff |"
     )

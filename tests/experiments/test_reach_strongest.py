@@ -48,3 +48,22 @@ def test_without_versus_no_such_table_and_an_unknown_module_is_skipped():
     assert not any("against each method" in line for line in strongest.kept_tables(rows, ("128",), None))
     lines = strongest.kept_tables(rows, ("128",), None, versus=("lookaheadkv:s9",))
     assert not any("against each method" in line for line in lines)
+
+
+def test_by_a_meta_key_each_value_is_read_on_its_own_pairs():
+    """``--by``: per value, only that value's samples count (here the out-of-source half, where the module
+    keeps all and KVzip none)."""
+    rows = rows_of({"lookaheadkv": [0, 1, 2, 3, 4, 5], "kvzip": [6, 7, 8, 9]})
+    for r in rows:
+        r["meta"] = {"source_group": "in-source" if int(r["sample"][1:]) >= 6 else "out-of-source"}
+    lines = strongest.split_tables(rows, "source_group", "multi_question, agnostic", ("128",), None, ())
+    titles = [line for line in lines if line.startswith("## ")]
+    assert titles == [
+        "## multi_question, agnostic, source_group = out-of-source",
+        "## multi_question, agnostic, source_group = in-source",
+    ]
+    out = lines[: lines.index(titles[1])]
+    assert any(line.startswith("| lookaheadkv ") and "6/6" in line for line in out), out
+    assert any(line.startswith("| kvzip ") and "0/6" in line for line in out), out
+    assert strongest.split_tables(rows, None, "t", ("128",), None, ()) == []
+    assert strongest.split_tables(rows, "fact_kind", "t", ("128",), None, ()) == []  # no row holds it
