@@ -13,7 +13,8 @@ an interruption: with no checkpoint yet it starts from scratch, otherwise it res
 its global step, logging into the TensorBoard run folder (``version_N``) of the run it resumes (kept in every
 checkpoint by :class:`TensorBoardRun`). Before anything is written, ``fit`` refuses to resume from a
 checkpoint made with other model or data settings, and refuses a fresh run (no ``--ckpt_path``) into a
-checkpoint folder that already holds checkpoints, so an earlier run is never overwritten.
+checkpoint folder that already holds checkpoints, so an earlier run is never overwritten. It warns about a
+``ModelCheckpoint`` that saves every N training steps while monitoring a metric (:func:`deferred_step_saves`).
 
 A config may include another: a top-level ``config: recipes/paper.yaml`` (relative to the including file)
 is read first, and the including file's keys, nested or dotted (``model.model: Qwen/Qwen3-8B``), win.
@@ -43,6 +44,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lkv.core.progress import interactive
 from lkv.train.datamodule import LabelDataModule
@@ -173,6 +175,8 @@ class LookaheadCLI(LightningCLI):
             raise
 
     def before_fit(self) -> None:
+        for warning in deferred_step_saves(self.trainer.checkpoint_callbacks):
+            rank_zero_warn(warning)
         folders = [
             Path(callback.dirpath)
             for callback in self.trainer.checkpoint_callbacks
@@ -232,6 +236,23 @@ class LookaheadCLI(LightningCLI):
                 f"with; differences (checkpoint vs this run): {'; '.join(diffs)}. For a new run, point the "
                 "ModelCheckpoint dirpath elsewhere"
             )
+
+
+def deferred_step_saves(callbacks: list[Any]) -> list[str]:
+    """One warning per ``ModelCheckpoint`` of ``callbacks`` that saves every N training steps and monitors a
+    metric. Lightning (2.6) defers such a step's save, ``last.ckpt`` included, until the monitored metric has
+    been logged, i.e. until the first validation: with validation at epoch ends a fit killed in its first epoch
+    (out of memory, SIGKILL) keeps nothing. The fix is a second ``ModelCheckpoint`` that saves every N steps
+    with ``save_last`` and no monitor."""
+    return [
+        f"ModelCheckpoint {callback.dirpath}: it saves every {callback._every_n_train_steps} training steps but "
+        f"monitors {callback.monitor!r}, so Lightning saves nothing, last.ckpt included, until {callback.monitor!r} "
+        "is first logged (the first validation): a fit killed before then keeps nothing. Add a second "
+        "ModelCheckpoint with every_n_train_steps and save_last: true but no monitor (save_top_k: 0), and keep "
+        "this one for the best checkpoint"
+        for callback in callbacks
+        if isinstance(callback, ModelCheckpoint) and callback.monitor and callback._every_n_train_steps
+    ]
 
 
 def _differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str) -> list[str]:
