@@ -85,7 +85,7 @@ class Fact:
 
 
 class MultiQuestionTask(GeneratedTask):
-    """Contexts of held-out essays, each with ``questions`` facts asked one after another.
+    """Contexts of held-out essays (or text sources), each with ``questions`` facts asked one after another.
 
     Samples: per source (or the essays) and length, ``num_samples`` contexts × ``questions`` questions (one
     :class:`Sample` each, in question order).
