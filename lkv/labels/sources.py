@@ -27,7 +27,7 @@ import random
 import re
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -586,12 +586,29 @@ def training_source(name: str, root: str | Path | None = None) -> TextSource:
     return make_source(name, root)
 
 
+def known_sources(names: Iterable[str], field: str) -> tuple[str, ...]:
+    """``names`` as a tuple, each checked against :data:`SOURCES`; ``field`` names the argument in the error."""
+    names = tuple(names)
+    unknown = sorted(set(names) - set(SOURCES))
+    if unknown:
+        raise ValueError(f"{field}: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
+    return names
+
+
 def source_roots(roots: dict[str, str] | None) -> dict[str, str]:
     """``roots`` (source name → folder) checked against :data:`SOURCES`; {} for None."""
-    unknown = sorted(set(roots or {}) - set(SOURCES))
-    if unknown:
-        raise ValueError(f"roots: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
+    known_sources(roots or {}, "roots")
     return dict(roots or {})
+
+
+def evaluation_split(split: str) -> Split:
+    """``split`` checked to be one an evaluation may draw haystacks from: ``dev`` or ``heldout``, never a
+    source's train documents (a lookahead module read those while it trained)."""
+    if split not in ("dev", "heldout"):
+        raise ValueError(
+            f"split must be 'dev' or 'heldout' (never a source's train documents), got {split!r}"
+        )
+    return split
 
 
 def training_sources(names: tuple[str, ...], roots: dict[str, str]) -> list[TextSource]:

@@ -21,9 +21,10 @@ from lkv.eval.tasks import (
 )
 from lkv.eval.tasks.longbench import PROMPTS, load_records, split_prompt
 from lkv.eval.tasks.ruler import NIAH_VARIANTS
-from lkv.eval.tasks.text import HeldoutEssays, split_sentences
+from lkv.eval.tasks.text import HeldoutEssays, SplitUnits, rng_for, source_haystack, split_sentences
 from lkv.labels.builtin_prompts import BuiltinPrompts
 from lkv.labels.prompts import essay_documents, split_by_document, stdlib_documents
+from lkv.labels.sources import Document, TextSource, make_source
 from tests.conftest import ESSAYS
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "longbench"
@@ -154,6 +155,33 @@ def test_generated_tasks_use_heldout_documents_only(corpus, tiny_tokenizer):
 def test_heldout_essays_refuse_an_empty_split(corpus, tiny_tokenizer):
     with pytest.raises(ValueError, match="no held-out essay"):
         HeldoutEssays(tiny_tokenizer, corpus[0], heldout_fraction=0.0)
+
+
+@pytest.mark.parametrize("name", ["chatterbot-dialogue", "debian-copyright"])
+def test_a_split_reads_each_document_once_however_often_it_is_drawn(
+    source_roots, tiny_tokenizer, name, monkeypatch
+):
+    """Haystacks drawn from one :class:`SplitUnits` read each document once and equal those of fresh ones."""
+    reads: Counter[str] = Counter()
+    read = TextSource.document
+
+    def counted(source: TextSource, doc_id: str) -> Document:
+        reads[doc_id] += 1
+        return read(source, doc_id)
+
+    monkeypatch.setattr(TextSource, "document", counted)
+    source = make_source(name, source_roots[name])
+    documents = SplitUnits(source, "heldout")
+    # more tokens than the split holds: each draw takes every document of the split
+    windows = [source_haystack(documents, tiny_tokenizer, 10**6, rng_for("draw", i)) for i in range(2)]
+    assert {u.doc_id for u in windows[1]} == set(documents.doc_ids) and set(reads.values()) == {1}
+    again = [source_haystack(documents, tiny_tokenizer, 300, rng_for("draw", i)) for i in range(3)]
+    assert set(reads.values()) == {1}
+    fresh = [
+        source_haystack(SplitUnits(source, "heldout"), tiny_tokenizer, 300, rng_for("draw", i))
+        for i in range(3)
+    ]
+    assert again == fresh and sum(reads.values()) > len(documents.doc_ids)  # fresh ones read again
 
 
 @pytest.mark.parametrize("name", sorted(NIAH_VARIANTS))

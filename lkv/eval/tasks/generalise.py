@@ -33,10 +33,17 @@ from lkv.eval.paired import solved_in
 from lkv.eval.results import check_same_samples
 from lkv.eval.tasks.base import GeneratedTask, Sample, encode_sample
 from lkv.eval.tasks.metrics import string_match_all
-from lkv.eval.tasks.text import insert_at_depths, rng_for, source_haystack
+from lkv.eval.tasks.text import SplitUnits, insert_at_depths, rng_for, source_haystack
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
-from lkv.labels.sources import BUILTIN_SOURCES, SOURCES, TextSource, make_source, source_roots
+from lkv.labels.sources import (
+    BUILTIN_SOURCES,
+    SOURCES,
+    evaluation_split,
+    known_sources,
+    make_source,
+    source_roots,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -168,18 +175,11 @@ class GeneraliseTask(GeneratedTask):
         roots: dict[str, str] | None = None,
         bin_caps: dict[str, int] | None = None,
     ) -> None:
-        sources = tuple(sources or BUILTIN_SOURCES)
+        sources = known_sources(sources or BUILTIN_SOURCES, "sources")
         kinds = tuple(kinds or DEFAULT_KINDS)
-        unknown = [s for s in sources if s not in SOURCES]
-        if unknown or not sources:
-            raise ValueError(f"sources: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
         bad_kinds = [k for k in kinds if k not in KINDS]
         if bad_kinds or not kinds:
             raise ValueError(f"kinds: unknown fact kinds {bad_kinds}; choose from {', '.join(KINDS)}")
-        if split not in ("dev", "heldout"):
-            raise ValueError(
-                f"split must be 'dev' or 'heldout' (never a source's train documents), got {split!r}"
-            )
         if not 0 < min_length <= max_length:
             raise ValueError(f"need 0 < min_length ≤ max_length, got {min_length} and {max_length}")
         if answer_slack < 0:
@@ -203,7 +203,7 @@ class GeneraliseTask(GeneratedTask):
         )
         self.sources = sources
         self.kinds = kinds
-        self.split = split
+        self.split = evaluation_split(split)
         self.min_length = min_length
         self.max_length = max_length
         self.answer_slack = answer_slack
@@ -221,12 +221,9 @@ class GeneraliseTask(GeneratedTask):
             solved = screened[cell]
         out: list[Sample] = []
         for name in self.sources:
-            source = make_source(name, self.roots.get(name))
-            doc_ids = source.doc_ids(self.split)
-            if not doc_ids:
-                raise ValueError(f"text source {name}: no document on its {self.split!r} split")
+            documents = SplitUnits(make_source(name, self.roots.get(name)), self.split)
             candidates = [
-                self._sample(source, doc_ids, tokenizer, index)
+                self._sample(documents, tokenizer, index)
                 for index in range(self.samples_per_source * self.oversample)
             ]
             if solved is None:
@@ -247,9 +244,8 @@ class GeneraliseTask(GeneratedTask):
                         out.append(sample)
         return out
 
-    def _sample(
-        self, source: TextSource, doc_ids: list[str], tokenizer: PreTrainedTokenizerBase, index: int
-    ) -> Sample:
+    def _sample(self, documents: SplitUnits, tokenizer: PreTrainedTokenizerBase, index: int) -> Sample:
+        source = documents.source
         # the kinds in turn, each source starting at its own place in the list: a few samples per source
         # still cover every kind across the sources
         kind = KINDS[self.kinds[(index + list(SOURCES).index(source.name)) % len(self.kinds)]]
@@ -257,7 +253,7 @@ class GeneraliseTask(GeneratedTask):
         rng = rng_for(self.name, source.name, self.split, kind.name, self.seed, index)
         target = rng.randint(self.min_length, self.max_length)
         # the question and the chat template take ~40 tokens: the haystack fills the rest
-        window = source_haystack(source, doc_ids, tokenizer, max(1, target - 40), rng)
+        window = source_haystack(documents, tokenizer, max(1, target - 40), rng)
         if not window:
             raise ValueError(f"text source {source.name}: no text on its {self.split!r} split")
         text = "".join(u.text for u in window)

@@ -48,6 +48,7 @@ from lkv.eval.tasks.ruler import (
 from lkv.eval.tasks.text import (
     HeldoutEssays,
     Sentence,
+    SplitUnits,
     corpus_words,
     insert_at_depths,
     rng_for,
@@ -55,7 +56,7 @@ from lkv.eval.tasks.text import (
 )
 from lkv.labels.facts import EVAL_KEYS, distinct_values, fact_format
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION
-from lkv.labels.sources import SOURCES, TextSource, make_source, source_roots
+from lkv.labels.sources import Split, TextSource, evaluation_split, known_sources, make_source, source_roots
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -139,19 +140,12 @@ class MultiQuestionTask(GeneratedTask):
             raise ValueError(
                 "sources: name at least one text source, or leave it out for the held-out essays"
             )
-        unknown = sorted(set(sources or ()) - set(SOURCES))
-        if unknown:
-            raise ValueError(f"sources: unknown text sources {unknown}; choose from {', '.join(SOURCES)}")
-        if split not in ("dev", "heldout"):
-            raise ValueError(
-                f"split must be 'dev' or 'heldout' (never a source's train documents), got {split!r}"
-            )
         super().__init__(lengths, seed, heldout_fraction, num_samples=num_samples, questions=questions)
         self.kinds = kinds
         self.answer_slack = answer_slack
         self.essays_dir = essays_dir
-        self.sources = None if sources is None else tuple(sources)
-        self.split = split
+        self.sources = None if sources is None else known_sources(sources, "sources")
+        self.split = evaluation_split(split)
         self.roots = source_roots(roots)
 
     def samples(self, tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
@@ -306,18 +300,16 @@ class _SourceHaystacks(_Haystacks):
     """A text source's ``split`` documents (:func:`lkv.eval.tasks.text.source_haystack`), planted statements
     written as its units (a line source's needle line)."""
 
-    def __init__(self, source: TextSource, split: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, source: TextSource, split: Split, tokenizer: PreTrainedTokenizerBase) -> None:
         self.source = source
-        self.doc_ids = source.doc_ids(split)
-        if not self.doc_ids:
-            raise ValueError(f"text source {source.name}: no document on its {split!r} split")
+        self.documents = SplitUnits(source, split)
         self.tokenizer = tokenizer
         self.seed_parts = (source.name, split)
         self.meta = {"source": source.name, "source_group": SOURCE_GROUPS[source.group], "split": split}
         self.words = corpus_words(doc.text for doc in source.documents(split))
 
     def take(self, tokens: int, rng: random.Random) -> list[Sentence]:
-        window = source_haystack(self.source, self.doc_ids, self.tokenizer, tokens, rng)
+        window = source_haystack(self.documents, self.tokenizer, tokens, rng)
         if sum(unit.tokens for unit in window) < tokens:
             raise ValueError(
                 f"text source {self.source.name}: its {self.seed_parts[1]!r} split holds fewer than the "

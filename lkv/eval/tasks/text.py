@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from lkv.labels.prompts import DEFAULT_HELDOUT_FRACTION, essay_documents, split_by_document, stdlib_documents
-from lkv.labels.sources import TextSource, pydoc_prose, split_sentences
+from lkv.labels.sources import Split, TextSource, pydoc_prose, split_sentences
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -91,20 +91,43 @@ def corpus_words(texts: Iterable[str]) -> list[str]:
     return sorted({w for text in texts for w in _WORD.findall(text)})
 
 
+class SplitUnits:
+    """One split of a text source, each document read and cut into units (:meth:`TextSource.units`) once, on
+    its first draw: a task draws many haystacks from the same few documents.
+
+    Raises:
+        ValueError: the split holds no document.
+    """
+
+    def __init__(self, source: TextSource, split: Split) -> None:
+        self.source = source
+        self.split = split
+        self.doc_ids = source.doc_ids(split)
+        if not self.doc_ids:
+            raise ValueError(f"text source {source.name}: no document on its {split!r} split")
+        self._units: dict[str, list[str]] = {}
+
+    def units(self, doc_id: str) -> list[str]:
+        """The units of document ``doc_id``, in order."""
+        if doc_id not in self._units:
+            self._units[doc_id] = self.source.units(self.source.document(doc_id).text)
+        return self._units[doc_id]
+
+
 def source_haystack(
-    source: TextSource,
-    doc_ids: list[str],
+    documents: SplitUnits,
     tokenizer: PreTrainedTokenizerBase,
     tokens: int,
     rng: random.Random,
 ) -> list[Sentence]:
-    """Consecutive units of ``source``'s documents ``doc_ids`` drawn in a random order, the first from a random
+    """Consecutive units of a source's split's documents drawn in a random order, the first from a random
     unit, until ``tokens`` tokens (each unit counted as it appears in running text); every document at most
     once, so a split holding fewer tokens (chatterbot-dialogue's ``dev`` holds ~5.5K) gives all of it."""
     out: list[Sentence] = []
     total = 0
-    for doc_id in rng.sample(doc_ids, len(doc_ids)):
-        units = source.units(source.document(doc_id).text)
+    source = documents.source
+    for doc_id in rng.sample(documents.doc_ids, len(documents.doc_ids)):
+        units = documents.units(doc_id)
         start = rng.randrange(len(units)) if not out and units else 0
         for at in range(start, len(units), _BATCH):
             batch = units[at : at + _BATCH]
