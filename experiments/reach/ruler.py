@@ -70,6 +70,20 @@ def score_tables(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def kept_outcomes(
+    rows: list[dict[str, Any]],
+) -> tuple[set[tuple[str, str]], dict[tuple[str, str], dict[tuple[str, str], float]]]:
+    """The FullKV-solved (task, sample) pairs of ``rows`` (one setting) and, per (method, budget), 1.0 / 0.0 for
+    each of them that method scored: whether it still answers fully."""
+    solved = fullkv_solved(rows, rows[0]["setting"]) if rows else set()
+    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
+    for r in rows:
+        key = (r["task"], r["sample"])
+        if r["method"] != "fullkv" and key in solved:
+            outcome[(r["method"], r["budget"])][key] = float(r["score"] == 1.0)
+    return solved, outcome
+
+
 def kept_tables(
     rows: list[dict[str, Any]],
     budgets: tuple[str, ...] = BUDGETS,
@@ -79,12 +93,7 @@ def kept_tables(
     """Markdown: FullKV-solved pairs kept per method and budget, LookaheadKV vs the strongest competitor, the
     other modules vs ``before`` (the committed module unpooled, or None: no such table) and, per module of
     ``versus``, that module against every other method; ``rows`` of one setting."""
-    solved = fullkv_solved(rows, rows[0]["setting"]) if rows else set()
-    outcome: dict[tuple[str, str], dict[tuple[str, str], float]] = defaultdict(dict)
-    for r in rows:
-        key = (r["task"], r["sample"])
-        if r["method"] != "fullkv" and key in solved:
-            outcome[(r["method"], r["budget"])][key] = float(r["score"] == 1.0)
+    solved, outcome = kept_outcomes(rows)
     if not solved:
         return []
     methods = [m for m in _order(r["method"] for r in rows) if m != "fullkv"]
