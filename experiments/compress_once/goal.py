@@ -5,8 +5,8 @@ strongest competitor of each budget, on the same FullKV-solved questions, read a
         --modules lookaheadkv lookaheadkv:agnostic_s1 --budgets 0.5 0.25 [--by source_group]
 
 The strongest competitor is ``ruler.strongest_competitors``' (the most kept among every method but FullKV, the
-Oracle and the LookaheadKV modules). Per (module, budget): module − competitor in points with the exact 95 %
-interval, wins / losses and the exact two-sided McNemar p (``lkv.eval.stats.mcnemar_exact``); the p values of
+Oracle and the LookaheadKV modules). Per (module, budget): module − competitor in points with the 95 %
+interval (Newcombe's, paired), wins / losses and the exact two-sided McNemar p (``lkv.eval.stats.mcnemar_exact``); the p values of
 every cell Holm-adjusted together. **Met** when the difference is ≥ 0; the reading is **a lead** (> 0, p < 0.05),
 **a gap** (< 0, p < 0.05) or **within noise** ("no gap larger than" the interval's lower bound at this n). The
 goal holds when every cell is met. With ``--by KEY``, the same table once more per value of the rows'
@@ -82,7 +82,7 @@ def table(rows: list[dict[str, Any]], modules: Sequence[str], budgets: Sequence[
     found = cells(rows, modules, budgets)
     adjusted = holm([test.p for *_, test in found])
     lines = [
-        "| module | budget | strongest competitor | n | module − competitor, points [exact 95 %] | wins / losses "
+        "| module | budget | strongest competitor | n | module − competitor, points [95 %] | wins / losses "
         "| p | Holm p | met (≥ 0) | reading |",
         "|---|---|---|---:|---|---|---:|---:|---|---|",
     ]

@@ -228,7 +228,7 @@ def _kept(values: list[float]) -> str:
 def paired_cell(
     mine: dict[Any, float], theirs: dict[Any, float], keys: list[Any], interval: bool = False
 ) -> str:
-    """``mine`` − ``theirs`` on ``keys`` (0/1 outcomes): points, with ``interval`` its exact 95 % interval,
+    """``mine`` − ``theirs`` on ``keys`` (0/1 outcomes): points, with ``interval`` its 95 % interval (Newcombe, paired),
     (wins/losses) and the exact McNemar p; bold when p < 0.05; "–" without keys."""
     if not keys:
         return "–"

@@ -12,7 +12,7 @@ otherwise by depth (``depth ≤ 0.5`` far, ``≥ 0.7`` near, the issue's split o
 folders (the same samples scored by more modules) are merged as ``strongest.py`` merges them. ``--alias
 NEW=OLD`` reads method ``OLD``'s rows as ``NEW``'s, so one setting named differently in the folders of
 different needle sets pools into one row (a needle scored under both names is refused). ``--intervals`` adds
-each paired difference's exact 95 % interval.
+each paired difference's 95 % interval (Newcombe, paired).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def tables(
             scores = outcome.get((method, budget), {})
             cells = [_kept([scores[s] for s in members(c, list(scores))]) for c in columns]
             lines.append(f"| {method} | {budget} | " + " | ".join(cells) + " |")
-    spread = ", exact 95 % interval" if intervals else ""
+    spread = ", 95 % interval (Newcombe, paired)" if intervals else ""
     lines += ["", f"Paired against {reference} (points{spread}, wins/losses, exact McNemar p):", ""]
     lines += [
         "| method | C | " + " | ".join(f"{p}, {k}" for p, k in columns) + " |",
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--alias", nargs="+", default=[], help="NEW=OLD: method OLD's rows read as NEW's")
     parser.add_argument(
-        "--intervals", action="store_true", help="each paired difference's exact 95 %% interval"
+        "--intervals", action="store_true", help="each paired difference's 95 %% interval (Newcombe, paired)"
     )
     args = parser.parse_args(argv)
     rows = aliased(merged(args.folders), dict(reversed(a.split("=", 1)) for a in args.alias))

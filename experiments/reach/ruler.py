@@ -177,10 +177,10 @@ def versus_lines(
     methods: list[str],
     budgets: tuple[str, ...],
 ) -> list[str]:
-    """``module`` − each other method on the same FullKV-solved pairs, per budget: points with the exact 95 %
+    """``module`` − each other method on the same FullKV-solved pairs, per budget: points with the 95 %
     interval (wins/losses), exact McNemar p; positive where ``module`` leads, negative where it trails."""
     lines = [
-        f"`{module}` against each method, same pairs (its lead > 0, its gap < 0; exact 95 % interval, "
+        f"`{module}` against each method, same pairs (its lead > 0, its gap < 0; 95 % interval (Newcombe, paired), "
         "wins/losses, exact McNemar p):",
         "",
         *budget_header("against", budgets),

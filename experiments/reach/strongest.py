@@ -12,7 +12,7 @@ often copied from another folder by ``copy_adapter_free``) keep their names. Per
 answers fully, the share each method still answers fully (Wilson 95 %), and each LookaheadKV module against
 the competitor with the highest kept share at each budget (no Oracle, FullKV or Quest), exact McNemar
 (the tables of ``ruler.py``); with ``--before``, each other module against that one; with ``--versus``, each
-named module against every other method (its lead or gap, with the exact interval). With several tasks, the
+named module against every other method (its lead or gap, with its 95 % interval). With several tasks, the
 same tables once more over every task's pairs pooled. With ``--by KEY``, the tables of each task once more per
 value of its rows' ``meta[KEY]`` (e.g. ``source_group``: in source / out of source), each on its own pairs.
 """

@@ -121,8 +121,8 @@ class PairedResult:
     Attributes:
         n: paired samples.
         diff: mean of A − B (score scale, e.g. 0.25 = 25 points).
-        low, high: 95 % interval of ``diff`` (bootstrap), or of the discordant share for McNemar (Wilson on
-            wins / (wins + losses), mapped to the difference scale).
+        low, high: 95 % interval of ``diff``: the percentile bootstrap, or for 0/1 outcomes Newcombe's
+            square-and-add interval for paired proportions (:func:`paired_difference_interval`).
         wins: samples where A scored higher than B.
         losses: samples where B scored higher than A.
         p: two-sided p-value (exact McNemar for 0/1 scores, paired bootstrap otherwise).
@@ -151,17 +151,49 @@ def mcnemar_exact(a: Sequence[float], b: Sequence[float]) -> PairedResult:
         raise ValueError("mcnemar_exact needs 0/1 outcomes; use paired_bootstrap for continuous scores")
     wins = sum(x > y for x, y in zip(a, b, strict=True))
     losses = sum(x < y for x, y in zip(a, b, strict=True))
-    n = len(a)
-    discordant = wins + losses
-    if discordant:
-        # diff = (wins − losses)/n = (2·share − 1)·discordant/n with share = wins/discordant.
-        share_low, share_high = wilson_interval(wins, discordant)
-        low, high = ((2 * s - 1) * discordant / n for s in (share_low, share_high))
-    else:
-        low = high = 0.0
+    both = sum(x == y == 1 for x, y in zip(a, b, strict=True))
+    neither = len(a) - both - wins - losses
+    low, high = paired_difference_interval(both, wins, losses, neither)
     return PairedResult(
-        n, (wins - losses) / n, low, high, wins, losses, binomial_two_sided(wins, discordant), "mcnemar"
+        len(a),
+        (wins - losses) / len(a),
+        low,
+        high,
+        wins,
+        losses,
+        binomial_two_sided(wins, wins + losses),
+        "mcnemar",
     )
+
+
+def paired_difference_interval(
+    both: int, first_only: int, second_only: int, neither: int, z: float = Z95
+) -> tuple[float, float]:
+    """95 % interval of ``p1 − p2`` for paired 0/1 outcomes (p1 = first right, p2 = second right): Newcombe's
+    square-and-add interval (method 10 of Newcombe 1998, Stat. Med. 17:2635), from the Wilson intervals of p1
+    and p2 and the phi coefficient of the 2×2 table.
+
+    It accounts for the uncertainty in how many pairs are discordant; an interval built from the discordant
+    share alone (Wilson on wins / (wins + losses)) covers as little as ~60 % when one side rarely wins, and its
+    far end equals the estimate when it never does.
+    """
+    counts = (both, first_only, second_only, neither)
+    if min(counts) < 0 or sum(counts) == 0:
+        raise ValueError(f"need non-negative counts of a non-empty 2×2 table, got {counts}")
+    n = sum(counts)
+    first, second = both + first_only, both + second_only
+    p1, p2 = first / n, second / n
+    low1, high1 = wilson_interval(first, n, z)
+    low2, high2 = wilson_interval(second, n, z)
+    margins = first * (n - first) * second * (n - second)
+    cross = both * neither - first_only * second_only
+    # phi with Newcombe's continuity correction: a positive cross product is shrunk by n/2 (not below 0)
+    cross = max(cross - n / 2, 0.0) if cross > 0 else cross
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    diff = p1 - p2
+    below = (p1 - low1) ** 2 - 2 * phi * (p1 - low1) * (high2 - p2) + (high2 - p2) ** 2
+    above = (high1 - p1) ** 2 - 2 * phi * (high1 - p1) * (p2 - low2) + (p2 - low2) ** 2
+    return max(-1.0, diff - math.sqrt(max(below, 0.0))), min(1.0, diff + math.sqrt(max(above, 0.0)))
 
 
 def paired_bootstrap(

@@ -179,11 +179,11 @@ def test_named_pairs_test_each_pair_per_cell_on_the_needles_both_kept_rows_for()
     rows += [row("a", "mix", "128", 1.0), row("b", "mix", "128", 1.0), row("c", "mix", "128", 1.0)]
     rows += [row("a", "long", "128", 0.0), row("b", "long", "128", 1.0), row("c", "long", "128", 0.0)]
     lines = summary.named_pairs(rows, "aware", ["mix=long"])
-    # c is not FullKV-solved: mix's kept answer there counts nowhere; 1 win of 1 discordant: Wilson [0.21, 1]
-    assert "| all | 128 | mix | long | 2 | 2 | 1 | +50 [-29, +50] | 1 / 0 | 1 |" in lines
-    assert "| far | 128 | mix | long | 1 | 1 | 0 | +100 [-59, +100] | 1 / 0 | 1 |" in lines
-    assert "| in-source / near | 128 | mix | long | 1 | 1 | 1 | +0 [+0, +0] | 0 / 0 | 1 |" in lines
-    assert "| heldout | 128 | mix | long | 1 | 1 | 1 | +0 [+0, +0] | 0 / 0 | 1 |" in lines
+    # c is not FullKV-solved: mix's kept answer there counts nowhere; 1 win of 1 discordant
+    assert "| all | 128 | mix | long | 2 | 2 | 1 | +50 [-27, +91] | 1 / 0 | 1 |" in lines
+    assert "| far | 128 | mix | long | 1 | 1 | 0 | +100 [-12, +100] | 1 / 0 | 1 |" in lines
+    assert "| in-source / near | 128 | mix | long | 1 | 1 | 1 | +0 [-79, +79] | 0 / 0 | 1 |" in lines
+    assert "| heldout | 128 | mix | long | 1 | 1 | 1 | +0 [-79, +79] | 0 / 0 | 1 |" in lines
     assert not any("out-of-source" in line for line in lines)
     with pytest.raises(ValueError, match=r"--pair: no rows of method\(s\) \['short'\]"):
         summary.named_pairs(rows, "aware", ["mix=short"])

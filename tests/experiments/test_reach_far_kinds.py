@@ -1,4 +1,4 @@
-"""experiments/reach/far_kinds.py's paired cells: ``--intervals`` adds the exact 95 % interval of the same
+"""experiments/reach/far_kinds.py's paired cells: ``--intervals`` adds the 95 % interval (Newcombe, paired) of the same
 McNemar comparison the cell's difference and p come from."""
 
 from __future__ import annotations
@@ -50,4 +50,6 @@ def test_the_tables_carry_the_interval_only_when_asked():
     spread = far_kinds.tables(rows, methods, "lookaheadkv", ["128"], intervals=True)
     assert "+50.0 (3/0) p=0.25" in plain[-2]
     assert "+50.0 [" in spread[-2] and "(3/0) p=0.25" in spread[-2]
-    assert "exact 95 % interval" in "\n".join(spread) and "exact 95 % interval" not in "\n".join(plain)
+    assert "95 % interval (Newcombe, paired)" in "\n".join(
+        spread
+    ) and "95 % interval (Newcombe, paired)" not in "\n".join(plain)
