@@ -4,6 +4,7 @@
 - :func:`bootstrap_interval`: percentile bootstrap interval of a mean of continuous scores.
 - :func:`stratified_bootstrap_interval`: the same for a mean of group means (a benchmark's average over tasks).
 - :func:`mcnemar_exact`: exact (binomial) two-sided McNemar test of two methods' paired 0/1 outcomes.
+- :func:`paired_difference_interval`: Newcombe's 95 % interval of the difference of paired 0/1 accuracies.
 - :func:`paired_bootstrap`: percentile interval and two-sided p-value of the mean paired difference.
 
 Everything is deterministic: bootstraps draw from a generator seeded by the caller (default 0), so a report
