@@ -59,13 +59,13 @@ def cells(
         raise ValueError("FullKV answers none of these questions")
     methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != "fullkv"))
     rival = strongest_competitors(outcome, methods, tuple(budgets))
+    keys = sorted(solved)
     out = []
     for module in modules:
         for budget in budgets:
             if budget not in rival:
                 raise ValueError(f"no competitor scored the FullKV-solved questions at budget {budget}")
             mine, theirs = outcome.get((module, budget), {}), outcome[(rival[budget], budget)]
-            keys = sorted(solved)
             missing = [k for k in keys if k not in mine or k not in theirs]
             if missing:
                 raise ValueError(
@@ -77,9 +77,8 @@ def cells(
     return out
 
 
-def table(rows: list[dict[str, Any]], modules: Sequence[str], budgets: Sequence[str]) -> list[str]:
-    """Markdown lines: one row per (module, budget), and whether the goal holds over them."""
-    found = cells(rows, modules, budgets)
+def table(found: list[tuple[str, str, str, PairedResult]]) -> list[str]:
+    """Markdown lines: one row per cell of :func:`cells`, its p Holm-adjusted over all of them."""
     adjusted = holm([test.p for *_, test in found])
     lines = [
         "| module | budget | strongest competitor | n | module − competitor, points [95 %] | wins / losses "
@@ -92,12 +91,13 @@ def table(rows: list[dict[str, Any]], modules: Sequence[str], budgets: Sequence[
             f"{100 * test.high:+.1f}] | {test.wins} / {test.losses} | {test.p:.2g} | {p_holm:.2g} "
             f"| {'yes' if test.diff >= 0 else 'no'} | {reading(test)} |"
         )
-    held = all(test.diff >= 0 for *_, test in found)
-    return [
-        *lines,
-        "",
-        f"Goal: {'holds' if held else 'does not hold'} (met in {sum(t.diff >= 0 for *_, t in found)} of {len(found)} cells).",
-    ]
+    return lines
+
+
+def goal(found: list[tuple[str, str, str, PairedResult]]) -> str:
+    """Whether the goal holds: every cell met (difference ≥ 0)."""
+    met = sum(test.diff >= 0 for *_, test in found)
+    return f"Goal: {'holds' if met == len(found) else 'does not hold'} (met in {met} of {len(found)} cells)."
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -114,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"goal: expected the rows of one setting in {args.folder}, found {sorted(settings) or 'none'}"
         )
     try:
-        lines = table(rows, args.modules, args.budgets)
+        found = cells(rows, args.modules, args.budgets)
+        lines = [*table(found), "", goal(found)]
         values = dict.fromkeys(r["meta"][args.by] for r in rows if args.by and args.by in r["meta"])
         for value in values:
             part = [r for r in rows if r["meta"].get(args.by) == value]
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "",
                 f"{args.by} = {value} (no goal is read on a part):",
                 "",
-                *table(part, args.modules, args.budgets)[:-2],
+                *table(cells(part, args.modules, args.budgets)),
             ]
     except ValueError as error:
         sys.exit(f"goal: {error}")

@@ -62,8 +62,13 @@ def test_the_competitor_is_the_best_non_module_and_the_words_follow_the_plan():
         "within noise: no gap larger than"
     )
     outcomes["probe"] = [1] * n
-    lines = goal.table(rows(outcomes), ["lookaheadkv"], ["0.5"])
-    assert "| a gap |" in lines[2] and "| no |" in lines[2] and lines[-1].startswith("Goal: does not hold")
+    found = goal.cells(rows(outcomes), ["lookaheadkv"], ["0.5"])
+    lines = goal.table(found)
+    assert (
+        "| a gap |" in lines[2]
+        and "| no |" in lines[2]
+        and goal.goal(found).startswith("Goal: does not hold")
+    )
 
 
 def test_a_missing_row_is_refused(tmp_path):

@@ -101,7 +101,6 @@ class SplitUnits:
 
     def __init__(self, source: TextSource, split: Split) -> None:
         self.source = source
-        self.split = split
         self.doc_ids = source.doc_ids(split)
         if not self.doc_ids:
             raise ValueError(f"text source {source.name}: no document on its {split!r} split")
