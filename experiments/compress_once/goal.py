@@ -2,15 +2,16 @@
 strongest competitor of each budget, on the same FullKV-solved questions, read as the plan fixes it.
 
     python experiments/compress_once/goal.py experiments/compress_once/results/preregistered \
-        --modules lookaheadkv lookaheadkv:agnostic_s1 --budgets 0.5 0.25 [--by source_group]
+        --modules lookaheadkv lookaheadkv:agnostic_s1 --budgets 0.5 0.25 [--by source_group] [--no-goal]
 
 The strongest competitor is ``ruler.strongest_competitors``' (the most kept among every method but FullKV, the
 Oracle and the LookaheadKV modules). Per (module, budget): module − competitor in points with the 95 %
 interval (Newcombe's, paired), wins / losses and the exact two-sided McNemar p (``lkv.eval.stats.mcnemar_exact``); the p values of
 every cell Holm-adjusted together. **Met** when the difference is ≥ 0; the reading is **a lead** (> 0, p < 0.05),
 **a gap** (< 0, p < 0.05) or **within noise** ("no gap larger than" the interval's lower bound at this n). The
-goal holds when every cell is met. With ``--by KEY``, the same table once more per value of the rows'
-``meta[KEY]``, each on its own questions and competitor (no goal is read on a part).
+goal holds when every cell is met; ``--no-goal`` leaves its line out, for budgets read without a goal. With
+``--by KEY``, the same table once more per value of the rows' ``meta[KEY]``, each on its own questions and
+competitor (no goal is read on a part).
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--modules", nargs="+", required=True, help="the LookaheadKV methods, one per seed")
     parser.add_argument("--budgets", nargs="+", required=True)
     parser.add_argument("--by", help="also per value of this meta key (e.g. source_group)")
+    parser.add_argument(
+        "--no-goal",
+        action="store_true",
+        help="the tables only, no goal line (PLAN.md's analysis 3: C = 128, 256)",
+    )
     args = parser.parse_args(argv)
     rows = read(args.folder)
     settings = {r["setting"] for r in rows}
@@ -115,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     try:
         found = cells(rows, args.modules, args.budgets)
-        lines = [*table(found), "", goal(found)]
+        lines = table(found) if args.no_goal else [*table(found), "", goal(found)]
         values = dict.fromkeys(r["meta"][args.by] for r in rows if args.by and args.by in r["meta"])
         for value in values:
             part = [r for r in rows if r["meta"].get(args.by) == value]

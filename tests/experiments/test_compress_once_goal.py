@@ -90,3 +90,7 @@ def test_the_command_reads_a_folder_and_splits_by_a_meta_key(tmp_path):
     assert "| lookaheadkv | 0.5 | probe | 16 | +0.0" in out and "Goal: holds" in out
     parts = out.split("source_group = ")
     assert "| 8 | +100.0" in parts[1] and "| 8 | -100.0" in parts[2] and "Goal" not in parts[1] + parts[2]
+    tables = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, "--no-goal"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Goal" not in tables and tables.count("| lookaheadkv | 0.5 | probe |") == 3
