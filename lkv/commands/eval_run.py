@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -28,6 +29,7 @@ from lkv.eviction.roles import ADAPTER_METHOD, roles_of
 from lkv.eviction.selector import Selection
 from lkv.model.backbone import load_backbone
 from lkv.model.lookahead import CONFIG_FILE, SETTING_KEY, LookaheadAdapter, trained_setting
+from lkv.model.restore import RESTORE_CONFIG_FILE
 from lkv.train.export import resolve_adapter, resolve_probe
 
 # how the report of an interrupted run begins its warning (a resumed run rewrites such a report)
@@ -130,11 +132,8 @@ def model_presses(
                 )
             else:
                 module_of = module
-            warning = setting_warning(
-                method, resolve_adapter(run.folders[method], run.model), module_of, settings
-            )
-            if warning is not None:
-                print(warning, file=sys.stderr)
+            folder = resolve_adapter(run.folders[method], run.model)
+            warn_setting(method, folder / CONFIG_FILE, module_of.config.extra, settings)
             presses[method] = lookahead_press(
                 module_of, probe_press(run.module_probes[method]), run.module_settings[method], tokenizer
             )
@@ -144,33 +143,43 @@ def model_presses(
             presses[method] = OraclePress()  # selection defaults only; its scores come from the FullKV answer
     for method in run.methods_run:  # after the lookahead module's press, which may select for it
         if roles_of(method).requires == "restore":
-            settings = dict(run.recorded_press_args[method])
-            evictor = presses[ADAPTER_METHOD] if settings.pop("scores", None) == ADAPTER_METHOD else None
+            args = dict(run.recorded_press_args[method])
+            evictor = presses[ADAPTER_METHOD] if args.pop("scores", None) == ADAPTER_METHOD else None
             model = net if module is None else module.model  # its LoRA joins a lookahead module's
             name = method.replace(":", "_").replace(
                 ".", "_"
             )  # one peft adapter per entry: variants side by side
             presses[method] = RestoreKVPress.from_folder(
-                model=model, evictor=evictor, adapter_name=name, **settings
+                model=model, evictor=evictor, adapter_name=name, **args
             )
+            config = Path(args["folder"]) / RESTORE_CONFIG_FILE
+            warn_setting(method, config, presses[method].adapter.config.extra, settings)
     return presses
 
 
 def setting_warning(
-    method: str, folder: Path, module: LookaheadAdapter, settings: Sequence[str]
+    method: str, config: Path, extra: Mapping[str, Any], settings: Sequence[str]
 ) -> str | None:
-    """One warning line when ``module`` (of ``method``, exported to ``folder``) runs in a prompt setting of
-    ``settings`` other than the one it was trained for (:func:`lkv.model.lookahead.trained_setting`): an aware
-    module's lookahead tokens learned to read the question, which the agnostic setting compresses without,
-    and an agnostic one never learned to use it. None when every setting is its own."""
-    trained = trained_setting(module.config.extra, str(folder / CONFIG_FILE))
+    """One warning line when ``method``'s learned tokens (a lookahead module or RestoreKV's restore tokens; their
+    folder's ``config`` file holds ``extra``) run in a prompt setting of ``settings`` other than the one they
+    were trained for (:func:`lkv.model.lookahead.trained_setting`): aware-trained tokens read the question
+    before they ran, which the agnostic setting asks only after the cache is compressed, and agnostic-trained
+    ones never learned to use it. None when every setting is their own."""
+    trained = trained_setting(extra, str(config))
     others = [s for s in settings if s != trained]
     if not others:
         return None
     return (
-        f"lkv eval: warning: {method}'s module {folder} was trained for the {trained} setting "
-        f"(lookahead.json extra.{SETTING_KEY}) and runs here in the {' and '.join(others)} setting too"
+        f"lkv eval: warning: {method}'s module {config.parent} was trained for the {trained} setting "
+        f"({config.name} extra.{SETTING_KEY}) and runs here in the {' and '.join(others)} setting too"
     )
+
+
+def warn_setting(method: str, config: Path, extra: Mapping[str, Any], settings: Sequence[str]) -> None:
+    """Print :func:`setting_warning`'s line, if any, to stderr."""
+    warning = setting_warning(method, config, extra, settings)
+    if warning is not None:
+        print(warning, file=sys.stderr)
 
 
 def run_and_report(

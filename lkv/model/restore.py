@@ -10,7 +10,8 @@ The module is a :class:`~lkv.model.tokens.TokenAdapter` (learned embeddings + a 
 its tokens, as a lookahead module's) with its own folder, laid out as NVIDIA kvpress's ``RestoreKVPress`` reads
 a published one::
 
-    restorekv.json                    settings + the base model's signature (``extra["model"]``)
+    restorekv.json                    settings + the base model's signature (``extra["model"]``) and the prompt
+                                      setting its labels were made for (``extra["setting"]``; ``aware`` if absent)
     restore_embeddings.safetensors    {"restore_embeddings": (n, hidden)} float32
     adapter_config.json, adapter_model.safetensors   peft LoRA files (absent for embeddings-only modules)
 """

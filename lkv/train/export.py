@@ -89,6 +89,7 @@ def export_checkpoint(
     if isinstance(module, RestoreKVModule):
         config = module.restore.config
         config.extra["model"] = module.hparams.model  # the folder names its base model
+        config.extra[SETTING_KEY] = module.label_setting  # `lkv eval` warns when it runs in the other one
         module.restore.save(output)
         return (
             f"exported the n={config.num_tokens} restore module (lora: {config.target_modules}) to {output}"

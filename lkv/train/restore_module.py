@@ -93,6 +93,14 @@ class RestoreKVModule(FrozenLLMModule):
             return
         hp = self.hparams
         backbone = self.load_frozen_backbone(load_backbone)
+        if self.label_setting != "aware":
+            # an agnostic row holds a context and its answers without the questions asked between them
+            raise ValueError(
+                f"data: RestoreKV distils the response read right after its prompt, so it trains on aware "
+                f"labels (the question inside the prompt); these label folders are {self.label_setting} "
+                "(their rows hold the context and its answers without the questions): label with "
+                "`lkv label --label_mode aware`"
+            )
         self.restore = RestoreAdapter.create(
             backbone,
             num_tokens=hp.num_restore,

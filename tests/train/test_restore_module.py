@@ -2,6 +2,7 @@
 tokens only, and a checkpoint exports to the folder the press loads."""
 
 import json
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -96,7 +97,7 @@ def test_a_checkpoint_exports_the_folder_the_press_loads(tmp_path):
     )
     message = export_checkpoint(tmp_path / "last.ckpt", tmp_path / "restore", model="tiny")
     assert message.startswith("exported the n=4 restore module")
-    assert RestoreAdapter.read_folder(tmp_path / "restore").extra["model"] == "tiny"
+    assert RestoreAdapter.read_folder(tmp_path / "restore").extra == {"model": "tiny", "setting": "aware"}
 
     fresh, _ = build_tiny_model("llama")
     press = make_method("restorekv", folder=tmp_path / "restore", model=fresh, chunk_size=16)
@@ -108,6 +109,21 @@ def test_a_checkpoint_exports_the_folder_the_press_loads(tmp_path):
         want = module.restore.restore(cache, ids.shape[1])
     for mine, theirs in zip(got.keys + got.values, want.keys + want.values, strict=True):
         torch.testing.assert_close(mine, theirs, atol=1e-6, rtol=0)
+
+
+def test_agnostic_labels_are_refused_before_any_step():
+    """An agnostic label row is a context and its answers without the questions: distilling it after the
+    restore tokens would train them on answers to questions never asked."""
+    module = RestoreKVModule(model="tiny", **TINY)
+    labels = SimpleNamespace(label_setting=lambda: "agnostic")
+    module._trainer = SimpleNamespace(
+        datamodule=labels, strategy=SimpleNamespace(root_device=torch.device("cpu"))
+    )
+    with pytest.raises(
+        ValueError, match="these label folders are agnostic .* `lkv label --label_mode aware`"
+    ):
+        module.configure_model()
+    assert module.restore is None
 
 
 def test_a_fit_logs_exactly_the_distillation_metrics(tmp_path):
@@ -187,7 +203,14 @@ def test_lkv_fit_export_and_generate_with_restorekv(tmp_path, capsys, monkeypatc
         "progress": False,
     }
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(suite))
+    capsys.readouterr()
     lkv_main(["eval", "--config", str(tmp_path / "eval.yaml"), "--output", str(tmp_path / "eval")])
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert warned == [
+        f"lkv eval: warning: {method}'s module {folder} was trained for the aware setting "
+        "(restorekv.json extra.setting) and runs here in the agnostic setting too"
+        for method in ("restorekv", "restorekv:wide")
+    ]
     run_json = json.loads((tmp_path / "eval" / "run.json").read_text())
     assert {m: a["chunk_size"] for m, a in run_json["press_args"].items()} == {
         "restorekv": 16,
