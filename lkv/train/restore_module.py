@@ -96,7 +96,7 @@ class RestoreKVModule(FrozenLLMModule):
         if self.label_setting != "aware":
             # an agnostic row holds a context and its answers without the questions asked between them
             raise ValueError(
-                f"data: RestoreKV distils the response read right after its prompt, so it trains on aware "
+                "data: RestoreKV distils the response read right after its prompt, so it trains on aware "
                 f"labels (the question inside the prompt); these label folders are {self.label_setting} "
                 "(their rows hold the context and its answers without the questions): label with "
                 "`lkv label --label_mode aware`"
