@@ -144,9 +144,26 @@ def check_hparams(model: Mapping[str, Any]) -> None:
 
 
 class LookaheadCLI(LightningCLI):
-    """LightningCLI whose ``fit`` never overwrites or silently continues another run's checkpoints."""
+    """LightningCLI whose ``fit`` never overwrites or silently continues another run's checkpoints, and whose
+    model settings are the ones given, whatever checkpoint ``--ckpt_path`` names."""
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse ``args``, and keep apart the model settings they give explicitly (config files and flags, no
+        defaults). LightningCLI (2.6) then replaces the model settings with a ``--ckpt_path`` file's
+        hyper-parameters, silently dropping what was given (a ``validate`` at another budget, a resumed ``fit``
+        with another learning rate); :meth:`before_instantiate_classes` lays the given ones back over them, so
+        a resumed fit's settings are compared with the checkpoint's (:meth:`_check_same_run`) as they are
+        with ``--ckpt_path last``."""
+        super().parse_arguments(parser, args)
+        self.given_model: dict[str, Any] | None = None
+        if isinstance(args, list) and self.config.get("subcommand"):
+            explicit = parser.parse_args(args, defaults=False)[self.config["subcommand"]]
+            model = explicit.get("model")
+            self.given_model = model.as_dict() if hasattr(model, "as_dict") else model
 
     def before_instantiate_classes(self) -> None:
+        if self.subcommand and self.given_model:
+            self.config = self.parser.parse_object({self.subcommand: {"model": self.given_model}}, self.config)
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_hparams(config.get("model") or {})
 

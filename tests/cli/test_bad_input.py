@@ -251,6 +251,16 @@ CASES: dict[str, tuple[Callable[..., list[str]], list[str]]] = {
             r"model\.optim: \{'lr': 0\.01, .* vs \{'lr': 0\.5, ",
         ],
     ),
+    # a checkpoint FILE: LightningCLI reads its hyper-parameters into the config, which must not hide the change
+    "resume-fit-from-a-file-with-other-settings": (
+        lambda root, mp: fit(
+            root, run="run", ckpt_path=str(root / "run/checkpoints/last.ckpt"), model={"optim": {"lr": 0.5}}
+        ),
+        [
+            r"checkpoint .*run/checkpoints/last\.ckpt belongs to a different run",
+            r"model\.optim: \{'lr': 0\.01, .* vs \{'lr': 0\.5, ",
+        ],
+    ),
     # the training loader's position is kept per DataLoader worker (torchdata stops on the other layout)
     "resume-fit-with-other-workers": (
         lambda root, mp: fit(root, run="run", ckpt_path="last", data={"num_workers": 1}),
