@@ -163,7 +163,9 @@ class LookaheadCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand and self.given_model:
-            self.config = self.parser.parse_object({self.subcommand: {"model": self.given_model}}, self.config)
+            self.config = self.parser.parse_object(
+                {self.subcommand: {"model": self.given_model}}, self.config
+            )
         config = self.config[self.subcommand] if self.subcommand else self.config
         check_hparams(config.get("model") or {})
 
