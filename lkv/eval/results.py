@@ -193,12 +193,14 @@ PRESS_ARGS = "press_args"
 UNRECORDED_LOOKAHEAD_ARGS = {"kernel": 1}
 
 
-def _press_args_agree(previous: dict[str, Any], info: dict[str, Any]) -> bool:
-    """Whether two runs' ``press_args`` agree on every method whose rows the folder may hold.
+def _press_args_agree(previous: dict[str, Any], info: dict[str, Any], held: set[str]) -> bool:
+    """Whether two runs' ``press_args`` agree on every method whose rows the folder holds.
 
-    A training-free method's settings must match (absent = absent). A lookahead module's count only where the
-    earlier run had that module (its ``adapter``, its named ``adapters``): its rows are then in the folder, and
-    an entry it did not record reads as :data:`UNRECORDED_LOOKAHEAD_ARGS`.
+    Any other method's settings count only where the folder holds its rows (``held``: the methods of its
+    ``results.jsonl``), and must match there (absent = absent): a method a later run adds (the probe and
+    RestoreKV after a FullKV-only stage) brings its own. A lookahead module's count only where the earlier run
+    had that module (its ``adapter``, its named ``adapters``): its rows are then in the folder, and an entry it
+    did not record reads as :data:`UNRECORDED_LOOKAHEAD_ARGS`.
     """
     before, now = previous.get(PRESS_ARGS) or {}, info.get(PRESS_ARGS) or {}
     modules = {ADAPTER_METHOD} if previous.get("adapter") is not None else set()
@@ -211,9 +213,14 @@ def _press_args_agree(previous: dict[str, Any], info: dict[str, Any]) -> bool:
                 and before.get(method, UNRECORDED_LOOKAHEAD_ARGS) != now[method]
             ):
                 return False
-        elif before.get(method) != now.get(method):
+        elif method in held and before.get(method) != now.get(method):
             return False
     return True
+
+
+def held_methods(output: Path) -> set[str]:
+    """The methods with rows in ``output``'s results file (none when it has none)."""
+    return {row["method"] for row in ResultsFile(output / RESULTS_FILE).rows}
 
 
 def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()) -> None:
@@ -245,7 +252,7 @@ def check_run(output: Path, info: dict[str, Any], unrecorded: Iterable[str] = ()
             k
             for k in info
             if k != NAMED
-            and not (k == PRESS_ARGS and _press_args_agree(previous, info))
+            and not (k == PRESS_ARGS and _press_args_agree(previous, info, held_methods(output)))
             and known.get(k) != info[k]
             and not (k in UNUSED_WHEN_NONE and (known.get(k) is None or info[k] is None))
             and not (k in unrecorded and k not in previous)

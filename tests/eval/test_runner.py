@@ -426,13 +426,40 @@ def test_a_lookahead_modules_settings_count_only_where_its_rows_are(tmp_path):
     assert json.loads((tmp_path / "base" / "run.json").read_text())["press_args"]["lookaheadkv"] == {
         "kernel": 7
     }
+    # a baseline's settings count where its rows are: none yet, then one
+    check_run(tmp_path / "base", {**base, "press_args": {"snapkv": {"window": 4}, "probe": {"folder": "p"}}})
+    row = {"task": "t", "sample": "s", "method": "snapkv", "budget": "16", "setting": "aware"}
+    (tmp_path / "base" / "results.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(ValueError, match="differs in: press_args"):
         check_run(tmp_path / "base", {**base, "press_args": {"snapkv": {"window": 8}}})
     # a copy keeps the baselines' settings, not the module's
     (tmp_path / "base" / "results.jsonl").write_text("")
     copy_adapter_free(tmp_path / "base", tmp_path / "copy")
     copied = json.loads((tmp_path / "copy" / "run.json").read_text())
-    assert copied["adapter"] is None and copied["press_args"] == {"snapkv": {"window": 4}}
+    assert copied["adapter"] is None and copied["press_args"] == {
+        "snapkv": {"window": 4},
+        "probe": {"folder": "p"},
+    }
+
+
+def test_a_method_without_rows_brings_its_own_settings(tmp_path):
+    """A FullKV-only stage, then every method with its settings into the same folder; a method whose rows
+    are there keeps its settings."""
+    check_run(tmp_path, {"model": "m", "adapter": None, "press_args": {}})
+    fullkv = {"task": "t", "sample": "s", "method": "fullkv", "budget": "full", "setting": "agnostic"}
+    (tmp_path / "results.jsonl").write_text(json.dumps(fullkv) + "\n")
+    added = {"probe": {"folder": "p0"}, "restorekv": {"folder": "r0"}}
+    check_run(tmp_path, {"model": "m", "adapter": None, "press_args": added})
+    assert json.loads((tmp_path / "run.json").read_text())["press_args"] == added
+    with open(tmp_path / "results.jsonl", "a") as rows:
+        rows.write(json.dumps({**fullkv, "method": "probe", "budget": "0.5"}) + "\n")
+    with pytest.raises(ValueError, match="differs in: press_args"):
+        check_run(
+            tmp_path, {"model": "m", "adapter": None, "press_args": {**added, "probe": {"folder": "p1"}}}
+        )
+    check_run(
+        tmp_path, {"model": "m", "adapter": None, "press_args": {**added, "restorekv": {"folder": "r1"}}}
+    )
 
 
 def test_evaluate_checks_its_arguments_before_loading(tmp_path, monkeypatch):
