@@ -157,29 +157,20 @@ def model_presses(
     return presses
 
 
-def setting_warning(
-    method: str, config: Path, extra: Mapping[str, Any], settings: Sequence[str]
-) -> str | None:
-    """One warning line when ``method``'s learned tokens (a lookahead module or RestoreKV's restore tokens; their
-    folder's ``config`` file holds ``extra``) run in a prompt setting of ``settings`` other than the one they
-    were trained for (:func:`lkv.model.lookahead.trained_setting`): aware-trained tokens read the question
-    before they ran, which the agnostic setting asks only after the cache is compressed, and agnostic-trained
-    ones never learned to use it. None when every setting is their own."""
+def warn_setting(method: str, config: Path, extra: Mapping[str, Any], settings: Sequence[str]) -> None:
+    """Print one warning line to stderr when ``method``'s learned tokens (a lookahead module or RestoreKV's
+    restore tokens; their folder's ``config`` file holds ``extra``) run in a prompt setting of ``settings`` other
+    than the one they were trained for (:func:`lkv.model.lookahead.trained_setting`): aware-trained tokens read
+    the question before they ran, which the agnostic setting asks only after the cache is compressed, and
+    agnostic-trained ones never learned to use it. Nothing when every setting is their own."""
     trained = trained_setting(extra, str(config))
     others = [s for s in settings if s != trained]
-    if not others:
-        return None
-    return (
-        f"lkv eval: warning: {method}'s module {config.parent} was trained for the {trained} setting "
-        f"({config.name} extra.{SETTING_KEY}) and runs here in the {' and '.join(others)} setting too"
-    )
-
-
-def warn_setting(method: str, config: Path, extra: Mapping[str, Any], settings: Sequence[str]) -> None:
-    """Print :func:`setting_warning`'s line, if any, to stderr."""
-    warning = setting_warning(method, config, extra, settings)
-    if warning is not None:
-        print(warning, file=sys.stderr)
+    if others:
+        print(
+            f"lkv eval: warning: {method}'s module {config.parent} was trained for the {trained} setting "
+            f"({config.name} extra.{SETTING_KEY}) and runs here in the {' and '.join(others)} setting too",
+            file=sys.stderr,
+        )
 
 
 def run_and_report(
