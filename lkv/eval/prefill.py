@@ -3,7 +3,8 @@ the same forward pass (:func:`shared_prefill`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -25,6 +26,8 @@ class Prefilled:
     next_logits: torch.Tensor
     captures: dict[str, AttentionCapture | None]
     seconds: float
+    # Press.score_key → (scores, seconds): presses with one key score this prefill once (EvalSetup.press_scores)
+    memo: dict[Hashable, tuple[torch.Tensor, float]] = field(default_factory=dict)
 
     @property
     def prompt_len(self) -> int:

@@ -114,7 +114,14 @@ class EvalSetup:
         self.token_cap: int | None = None  # derived from the free device memory when max_batch_tokens is None
 
     def press_scores(self, method: str, shared: Prefilled) -> tuple[torch.Tensor, float]:
-        """``method``'s ``(1, layers, kv_heads, S)`` scores of a shared prefill, and the seconds they took."""
+        """``method``'s ``(1, layers, kv_heads, S)`` scores of a shared prefill, and the seconds they took.
+
+        Methods whose presses share a :meth:`~lkv.eviction.presses.Press.score_key` are scored once per prefill
+        (``shared.memo``); each reports that scoring's seconds, what it costs a method run alone."""
+        press = self.compressors[method].press
+        key = press.score_key()
+        if key is not None and key in shared.memo:
+            return shared.memo[key]
         ctx = PressContext(
             self.model,
             shared.ids,
@@ -125,8 +132,11 @@ class EvalSetup:
             self.tokenizer,
         )
         start = clock(shared.ids.device)
-        scores = self.compressors[method].press.score(ctx)
-        return scores, clock(shared.ids.device) - start
+        scores = press.score(ctx)
+        scored = scores, clock(shared.ids.device) - start
+        if key is not None:
+            shared.memo[key] = scored
+        return scored
 
     def calibrate(self, prompts: list[list[int]]) -> None:
         """Under ``threshold`` selection, each scored method's threshold per budget over ``prompts`` (a task's)."""

@@ -268,3 +268,40 @@ def test_two_restore_modules_side_by_side_answer_as_each_alone(tiny_corpus, tmp_
     both = answers("both", restorekv="a", **{"restorekv:b": "b"})
     assert {k: v for k, v in both.items() if k[0] == "restorekv"} == alone_a
     assert {("restorekv", s): v for (m, s), v in both.items() if m == "restorekv:b"} == alone_b
+
+
+def test_kvzip_and_restore_modules_share_one_kvzip_scoring_per_prefill(tiny_corpus, tmp_path, monkeypatch):
+    """KVzip's reconstruction pass is the cost of all three methods; with ``kvzip``, ``restorekv`` and
+    ``restorekv:b`` in one run it runs once per prompt and setting (their answers equal each alone: the test
+    above)."""
+    import lkv.commands.eval
+
+    model, tokenizer = build_tiny_model("llama", max_position_embeddings=512)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    for seed, name in ((0, "a"), (1, "b")):
+        RestoreAdapter.create(model, num_tokens=N, lora_rank=2, seed=seed).save(tmp_path / name)
+    calls = []
+    kvzip_score = KVzipPress.score
+    monkeypatch.setattr(KVzipPress, "score", lambda self, ctx: calls.append(1) or kvzip_score(self, ctx))
+    lkv.commands.eval.evaluate(
+        tasks=[tiny_needle_task(tiny_corpus, lengths=(60,), max_new_tokens=2)],
+        methods=("fullkv", "kvzip", "restorekv"),
+        variants=("restorekv:b",),
+        press_args={
+            "kvzip": {"chunk_size": CHUNK},
+            **{
+                m: {"folder": str(tmp_path / f), "chunk_size": CHUNK}
+                for m, f in (("restorekv", "a"), ("restorekv:b", "b"))
+            },
+        },
+        budgets=(BUDGET, BUDGET + 4),
+        settings=("aware", "agnostic"),
+        output=str(tmp_path / "eval"),
+        model=str(tmp_path / "model"),
+        progress=False,
+    )
+    rows = ResultsFile(tmp_path / "eval" / RESULTS_FILE).rows
+    prefills = {(r["sample"], r["setting"]) for r in rows}
+    assert {r["method"] for r in rows} == {"fullkv", "kvzip", "restorekv", "restorekv:b"}
+    assert len(calls) == len(prefills) > 0

@@ -9,7 +9,7 @@ Turning scores into a compressed cache is the shared selector's job, never the p
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -85,6 +85,12 @@ class Press(ABC):
 
     def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         """Capture to attach to the prompt's prefill, or ``None``."""
+        return None
+
+    def score_key(self) -> Hashable | None:
+        """A key that is equal for presses whose :meth:`score` gives the same scores of any prompt on one model
+        (KVzip's and RestoreKV's eviction: one reconstruction pass serves both), or ``None``: scored alone
+        (the default; a press whose scores read its own capture or weights)."""
         return None
 
     @abstractmethod

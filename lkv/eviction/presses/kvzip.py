@@ -52,6 +52,9 @@ class KVzipPress(Press):
         self.chunk_size = chunk_size
         self.overlap = overlap
 
+    def score_key(self) -> tuple[str, int, int]:
+        return ("kvzip", self.chunk_size, self.overlap)
+
     @torch.no_grad()
     def score(self, ctx: PressContext) -> torch.Tensor:
         if ctx.tokenizer is None:

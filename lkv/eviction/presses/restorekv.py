@@ -16,6 +16,7 @@ adaptive`` a layer keeps ``(C − n) · kv_heads`` context entries spread over i
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,10 @@ class RestoreKVPress(Press):
 
     def prefill_capture(self, prompt_len: int) -> AttentionCapture | None:
         return self.evictor.prefill_capture(prompt_len)
+
+    def score_key(self) -> Hashable | None:
+        """The evictor's: the restore tokens do not change the scores (their LoRA is off while it scores)."""
+        return self.evictor.score_key()
 
     def score(self, ctx: PressContext) -> torch.Tensor:
         self._check_model(ctx.model)
