@@ -40,7 +40,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -91,6 +91,17 @@ class TensorBoardRun(L.Callback):
         if logger is None:
             return {}
         return {"root_dir": os.path.abspath(logger.root_dir), "version": logger.version}
+
+
+class RunConfig(SaveConfigCallback):
+    """LightningCLI's ``config.yaml`` in the run's log folder, but none from ``validate`` or ``test`` without a
+    logger: they make no run folder, and the trainer's log folder is then the working directory (a fit writes
+    its checkpoints under that folder too, so its config goes there as Lightning does)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.logger is None and stage != "fit":
+            return
+        super().setup(trainer, pl_module, stage)
 
 
 def _tensorboard(trainer: L.Trainer | None) -> TensorBoardLogger | None:
@@ -348,6 +359,7 @@ def _lightning_cli(args: list[str], by_class: bool) -> None:
         subclass_mode_model=by_class,
         args=args,
         seed_everything_default=0,
+        save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True},
         # a bad key or value raises (the entry point makes it one line) instead of printing the whole usage
         parser_kwargs={"exit_on_error": False},
