@@ -9,8 +9,11 @@ the sample count ``n``, a 95 % interval (stratified bootstrap over the tasks' sa
 (default: agnostic LookaheadKV, ``lookaheadkv:agnostic``) on the same (task, sample) pairs at the same ratio:
 exact McNemar where both sides score 0/1, paired bootstrap otherwise (multi-value RULER tasks give fractions).
 Tasks FullKV scores 0 on measure the model, not the eviction: they are left out of every average and listed.
+``--min_solved SHARE`` leaves out, the same way, every task on which FullKV answers fewer than ``SHARE`` of the
+samples fully (score 1): kvpress's protocol on a small model, run on the tasks it solves (a rule that reads
+FullKV's rows only, so it is fixed before any compressed row); ``no_press`` then averages the same tasks.
 
-    python -m lkv.eval.kvpress_table reports/eval/kvpress_protocol [reports/eval/kvpress_protocol_adakv]
+    python -m lkv.eval.kvpress_table reports/eval/kvpress_protocol [reports/eval/kvpress_protocol_adakv] [--min_solved 0.5]
 
 prints the markdown and writes it to ``kvpress_table.md`` in the first folder.
 """
@@ -22,7 +25,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +83,30 @@ class Cell:
 class KvpressTable:
     """The table: ``rows`` is press name → {compression ratio → :class:`Cell`} (``no_press`` at ratio 0),
     ``tasks`` the averaged tasks, ``fullkv_zero`` the tasks left out (FullKV scores 0 on them), ``reference``
-    the method every cell is paired against."""
+    the method every cell is paired against, ``unsolved`` the other tasks left out (task → FullKV's fully
+    answered and all samples) and ``min_solved`` the share of samples that rule asked for."""
 
     rows: dict[str, dict[float, Cell]]
     tasks: list[str]
     fullkv_zero: list[str]
     reference: str
+    unsolved: dict[str, tuple[int, int]] = field(default_factory=dict)
+    min_solved: float = 0.0
 
     def markdown(self) -> str:
         """kvpress's table (scores only), then the same cells with lkv's additions, then the left-out tasks."""
         paired = any(c.paired for cells in self.rows.values() for c in cells.values())
         missing = "" if paired else f" (the first folder has no {self.reference} rows: no paired tests here)"
         zero = ", ".join(self.fullkv_zero) if self.fullkv_zero else "none"
+        unsolved = ", ".join(f"{task} ({k}/{n})" for task, (k, n) in self.unsolved.items())
+        below = (
+            [
+                f"FullKV answers fewer than {100 * self.min_solved:g} % of the samples fully (left out too): {unsolved}.",
+                "",
+            ]
+            if self.unsolved
+            else []
+        )
         return "\n".join(
             [
                 "## kvpress's protocol: RULER, question-agnostic",
@@ -110,6 +125,7 @@ class KvpressTable:
                 "",
                 f"FullKV = 0 (left out of every average above): {zero}.",
                 "",
+                *below,
             ]
         )
 
@@ -163,17 +179,24 @@ def read_folder(folder: Path, head_budget: str) -> list[dict[str, Any]]:
 
 
 def kvpress_table(
-    folders: Sequence[Sequence[dict[str, Any]]], reference: str = DEFAULT_REFERENCE, seed: int = 0
+    folders: Sequence[Sequence[dict[str, Any]]],
+    reference: str = DEFAULT_REFERENCE,
+    seed: int = 0,
+    min_solved: float = 0.0,
 ) -> KvpressTable:
-    """kvpress's table of the rows of one folder (equal budgets) or two (equal, then adaptive).
+    """kvpress's table of the rows of one folder (equal budgets) or two (equal, then adaptive), averaged over
+    the tasks FullKV scores above 0 on, and answers at least ``min_solved`` of the samples fully on.
 
-    The FullKV = 0 tasks and the reference's scores come from the first folder; FullKV's rows of the
+    The FullKV = 0 tasks, the unsolved ones and the reference's scores come from the first folder; FullKV's rows of the
     adaptive folder (the same answers) are not repeated. Rows are each method in run order, its ``adakv_``
     row after it.
 
     Raises:
-        ValueError: more than two folders, a first folder without FullKV rows, or a budget that is no ratio.
+        ValueError: more than two folders, a first folder without FullKV rows, a budget that is no ratio, or
+            ``min_solved`` outside [0, 1].
     """
+    if not 0.0 <= min_solved <= 1.0:
+        raise ValueError(f"min_solved is a share of a task's samples in [0, 1], got {min_solved}")
     if not 1 <= len(folders) <= len(FOLDER_KINDS):
         raise ValueError(
             f"expected one or two folders (equal, then adaptive head budgets), got {len(folders)}"
@@ -190,7 +213,9 @@ def kvpress_table(
     for key, score in full.items():
         by_task[key.split("/", 1)[0]].append(score)
     zero = sorted(task for task, scores in by_task.items() if not any(scores))
-    tasks = [task for task in by_task if task not in zero]
+    solved = {task: (sum(score == 1.0 for score in scores), len(scores)) for task, scores in by_task.items()}
+    unsolved = {t: kn for t, kn in solved.items() if t not in zero and kn[0] < min_solved * kn[1]}
+    tasks = [task for task in by_task if task not in zero and task not in unsolved]
     methods = list(dict.fromkeys(method for _, method, _ in cells))
     table: dict[str, dict[float, Cell]] = {}
     for method in methods:
@@ -210,7 +235,7 @@ def kvpress_table(
                     raise ValueError(f"{prefix}{method} at budget {budget}: {error}") from None
             name = prefix + KVPRESS_NAMES.get(method, method)
             table[name] = dict(sorted(row.items()))
-    return KvpressTable(table, tasks, zero, reference)
+    return KvpressTable(table, tasks, zero, reference, unsolved, min_solved)
 
 
 def _cell(scores: dict[str, float], tasks: list[str], reference: dict[str, float], seed: int) -> Cell:
@@ -236,6 +261,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "folders", nargs="+", type=Path, help="lkv eval folders: equal, then adaptive budgets"
     )
     parser.add_argument("--reference", default=DEFAULT_REFERENCE, help="method every cell is paired against")
+    parser.add_argument(
+        "--min_solved",
+        type=float,
+        default=0.0,
+        help="also leave out each task on which FullKV answers fewer than this share of the samples fully",
+    )
     args = parser.parse_args(argv)
     if len(args.folders) > len(FOLDER_KINDS):
         parser.error(
@@ -243,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     try:
         rows = [read_folder(f, kind) for (kind, _), f in zip(FOLDER_KINDS, args.folders, strict=False)]
-        text = kvpress_table(rows, args.reference).markdown()
+        text = kvpress_table(rows, args.reference, min_solved=args.min_solved).markdown()
     except ValueError as error:
         sys.exit(f"kvpress_table: {error}")
     print(text)

@@ -126,6 +126,24 @@ def test_kvpress_table_averages_tasks_pairs_samples_and_sets_fullkv_zero_tasks_a
     assert "FullKV = 0 (left out of every average above): cwe." in text
 
 
+def test_min_solved_sets_apart_the_tasks_fullkv_answers_too_few_samples_of_fully():
+    """niah_single_1: FullKV answers 3 of 4 fully; vt: 2 of 2. At 0.75 both are averaged, above it vt alone, in
+    every row, no_press included."""
+    assert kvpress_table([_folder_rows()], min_solved=0.75).tasks == ["niah_single_1", "vt"]
+    table = kvpress_table([_folder_rows()], min_solved=0.8)
+    assert (
+        table.tasks == ["vt"] and table.unsolved == {"niah_single_1": (3, 4)} and table.fullkv_zero == ["cwe"]
+    )
+    assert table.rows["no_press"][0.0].score == 100.0
+    snap = table.rows["snapkv"][0.25]
+    assert snap.score == pytest.approx(75.0) and snap.n == 2
+    assert snap.paired == paired_bootstrap([0.5, 1.0], [1, 1])
+    assert "fewer than 80 % of the samples fully (left out too): niah_single_1 (3/4)." in table.markdown()
+    assert "fewer than" not in kvpress_table([_folder_rows()]).markdown()
+    with pytest.raises(ValueError, match=r"min_solved .* \[0, 1\], got 1.5"):
+        kvpress_table([_folder_rows()], min_solved=1.5)
+
+
 def test_without_the_reference_the_table_says_there_are_no_paired_tests():
     rows = [r for r in _folder_rows() if r["method"] != "lookaheadkv:agnostic"]
     table = kvpress_table([rows])
@@ -174,3 +192,5 @@ def test_the_command_reads_both_folders_and_writes_the_table(tmp_path, capsys):
         read_folder(tmp_path / "adakv", "equal")
     with pytest.raises(SystemExit, match="no results.jsonl and run.json"):
         main([str(tmp_path / "plain"), str(tmp_path / "missing")])
+    main([str(tmp_path / "plain"), "--min_solved", "0.8"])
+    assert "Tasks: vt." in capsys.readouterr().out
