@@ -108,12 +108,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budgets", nargs="+", required=True)
     parser.add_argument("--by", help="also per value of this meta key (e.g. source_group)")
     parser.add_argument(
+        "--tasks",
+        nargs="+",
+        help="only these tasks' rows (e.g. kvpress's protocol: the tasks FullKV solves, those with method rows)",
+    )
+    parser.add_argument(
         "--no-goal",
         action="store_true",
         help="the tables only, no goal line (PLAN.md's analysis 3: C = 128, 256)",
     )
     args = parser.parse_args(argv)
-    rows = read(args.folder)
+    rows = [r for r in read(args.folder) if args.tasks is None or r["task"] in args.tasks]
     settings = {r["setting"] for r in rows}
     if len(settings) != 1:
         sys.exit(

@@ -94,3 +94,17 @@ def test_the_command_reads_a_folder_and_splits_by_a_meta_key(tmp_path):
         [sys.executable, str(SCRIPT), *args, "--no-goal"], capture_output=True, text=True, check=True
     ).stdout
     assert "Goal" not in tables and tables.count("| lookaheadkv | 0.5 | probe |") == 3
+
+
+def test_tasks_keeps_only_the_named_tasks_rows(tmp_path):
+    """A FullKV-solved question of a task no method ran is refused, unless ``--tasks`` leaves its task out."""
+    found = rows({"lookaheadkv": [1] * 8, "probe": [0] * 8})
+    found.append({**row("q-other", "fullkv", "full", 1, "in-source"), "task": "vt"})
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in found))
+    args = [sys.executable, str(SCRIPT), str(tmp_path), "--modules", "lookaheadkv", "--budgets", "0.5"]
+    refused = subprocess.run(args, capture_output=True, text=True)
+    assert refused.returncode != 0 and "no row for 1 FullKV-solved" in refused.stderr
+    out = subprocess.run(
+        [*args, "--tasks", "multi_question"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "| lookaheadkv | 0.5 | probe | 8 | +100.0" in out
