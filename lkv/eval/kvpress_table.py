@@ -13,7 +13,8 @@ Tasks FullKV scores 0 on measure the model, not the eviction: they are left out 
 samples fully (score 1): kvpress's protocol on a small model, run on the tasks it solves (a rule that reads
 FullKV's rows only, so it is fixed before any compressed row); ``no_press`` then averages the same tasks.
 
-    python -m lkv.eval.kvpress_table reports/eval/kvpress_protocol [reports/eval/kvpress_protocol_adakv] [--min_solved 0.5]
+    python -m lkv.eval.kvpress_table reports/eval/kvpress_protocol [reports/eval/kvpress_protocol_adakv] \
+        [--min_solved 0.5]
 
 prints the markdown and writes it to ``kvpress_table.md`` in the first folder.
 """
@@ -99,11 +100,9 @@ class KvpressTable:
         missing = "" if paired else f" (the first folder has no {self.reference} rows: no paired tests here)"
         zero = ", ".join(self.fullkv_zero) if self.fullkv_zero else "none"
         unsolved = ", ".join(f"{task} ({k}/{n})" for task, (k, n) in self.unsolved.items())
+        share = f"{100 * self.min_solved:g} %"
         below = (
-            [
-                f"FullKV answers fewer than {100 * self.min_solved:g} % of the samples fully (left out too): {unsolved}.",
-                "",
-            ]
+            [f"FullKV answers fewer than {share} of the samples fully (left out too): {unsolved}.", ""]
             if self.unsolved
             else []
         )
