@@ -187,8 +187,8 @@ def kvpress_table(
     the tasks FullKV scores above 0 on, and answers at least ``min_solved`` of the samples fully on.
 
     The FullKV = 0 tasks, the unsolved ones and the reference's scores come from the first folder; FullKV's
-    rows of the adaptive folder (the same answers) are not repeated. Rows are each method in run order, its ``adakv_``
-    row after it.
+    rows of the adaptive folder (the same answers) are not repeated. Rows are each method in run order, its
+    ``adakv_`` row after it.
 
     Raises:
         ValueError: more than two folders, a first folder without FullKV rows, a budget that is no ratio, or
